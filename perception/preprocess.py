@@ -1,0 +1,102 @@
+"""The one preprocessing function shared by training and serving.
+
+:func:`preprocess` undistorts, crops and resizes a raw RGB frame into the
+:class:`~perception.geometry.NetworkView` in a single ``cv2.remap``. Training
+applies it to sim and real frames before any augmentation; the service applies it
+to every request. :func:`to_network_input` then gives the float tensor layout.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cv2
+import numpy as np
+
+from perception.calibration import Calibration
+from perception.geometry import NetworkView
+
+__all__ = ["PreprocessError", "preprocess", "to_network_input", "ensure_rgb8", "IMAGE_MEAN", "IMAGE_STD"]
+
+#: Per-channel normalisation of network inputs (RGB, values in [0, 1] before it).
+IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_STD = (0.5, 0.5, 0.5)
+
+
+class PreprocessError(ValueError):
+    """A frame that cannot be turned into a network input (wrong size, layout)."""
+
+
+def ensure_rgb8(image: np.ndarray) -> np.ndarray:
+    """Convert grayscale, RGBA and 16-bit images to ``uint8`` RGB ``(H, W, 3)``.
+
+    Raises:
+        PreprocessError: for layouts that are not images.
+    """
+    img = np.asarray(image)
+    if img.dtype == np.uint16:
+        img = (img >> 8).astype(np.uint8)
+    elif img.dtype != np.uint8:
+        raise PreprocessError(f"unsupported image dtype {img.dtype}; expected uint8 or uint16")
+    if img.ndim == 2:
+        img = np.repeat(img[:, :, None], 3, axis=2)
+    elif img.ndim == 3 and img.shape[2] == 1:
+        img = np.repeat(img, 3, axis=2)
+    elif img.ndim == 3 and img.shape[2] == 4:
+        img = img[:, :, :3]
+    elif not (img.ndim == 3 and img.shape[2] == 3):
+        raise PreprocessError(f"unsupported image shape {img.shape}; expected (H, W[, 1|3|4])")
+    return np.ascontiguousarray(img)
+
+
+@functools.lru_cache(maxsize=16)
+def _maps(key: tuple, K: bytes, dist: bytes, Kv: bytes, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    K_arr = np.frombuffer(K, dtype=np.float64).reshape(3, 3)
+    d_arr = np.frombuffer(dist, dtype=np.float64)
+    Kv_arr = np.frombuffer(Kv, dtype=np.float64).reshape(3, 3)
+    return cv2.initUndistortRectifyMap(K_arr, d_arr, None, Kv_arr, size, cv2.CV_16SC2)
+
+
+def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
+    """Undistort, crop and resize a raw RGB frame into the network view.
+
+    Frames may come at ``calib.image_size`` or at any size with the same aspect
+    ratio (sim frames are rendered smaller); intrinsics are scaled to match.
+
+    Args:
+        image: raw frame ``(H, W, 3)`` uint8 RGB (other layouts via :func:`ensure_rgb8`).
+        calib: the camera that took it (nominal calibration).
+        view: the network's view.
+
+    Returns:
+        ``(view.height, view.width, 3)`` uint8 RGB.
+    """
+    img = ensure_rgb8(image)
+    h, w = img.shape[:2]
+    W, H = calib.image_size
+    if abs(w * H - h * W) > max(W, H):
+        raise PreprocessError(
+            f"frame is {w}x{h} but the calibration's image_size is {W}x{H} (aspect ratio differs)"
+        )
+    cal = calib.scaled((w, h))
+    m1, m2 = _maps(
+        (w, h), cal.K.tobytes(), cal.dist.tobytes(), np.asarray(view.K, dtype=np.float64).tobytes(),
+        tuple(view.size),
+    )
+    # Area-like quality when shrinking a lot: blur a little first so remap does not alias.
+    scale = cal.K[0, 0] / view.K[0, 0]
+    if scale > 2.0:
+        k = int(2 * round(scale / 2) + 1)
+        img = cv2.GaussianBlur(img, (k, k), 0)
+    return cv2.remap(img, m1, m2, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+
+
+def to_network_input(view_rgb: np.ndarray) -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB or a batch ``(N, H, W, 3)`` -> ``(N, 3, H, W)`` float32."""
+    x = np.asarray(view_rgb, dtype=np.float32)
+    if x.ndim == 3:
+        x = x[None]
+    x = x.transpose(0, 3, 1, 2) / 255.0
+    mean = np.asarray(IMAGE_MEAN, dtype=np.float32)[None, :, None, None]
+    std = np.asarray(IMAGE_STD, dtype=np.float32)[None, :, None, None]
+    return np.ascontiguousarray((x - mean) / std)
