@@ -1,0 +1,158 @@
+"""Grasp candidates and their physics-verified labels.
+
+Candidates come from a top-down height map of the scene:
+
+- *heuristic*: a point on an object and the yaw along which the object's cross
+  section is narrowest; the fingers straddle that one part (most objects are wider
+  than the 0.08 m opening along every axis, so the whole object rarely fits);
+- *random*: uniform positions and yaws in the workspace (negatives, and the odd
+  lucky success), so the labels are not only what the heuristic believes.
+
+Each candidate is executed from the scene's saved physics state by the floating
+hand; success is what the physics engine says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
+from perception.grasp import Grasp
+from sim_render.cell import Cell
+from sim_render.gripper import FINGER_HALF, FloatingHand, GraspTiming
+
+__all__ = ["Candidate", "heuristic_candidates", "random_candidates", "LabelledGrasp", "label_grasps"]
+
+#: How deep the fingertips go below the top of the part they close around, metres.
+GRASP_DEPTH = 0.025
+#: Free space left on each side of the part when opening, metres.
+WIDTH_MARGIN = 0.012
+#: Number of yaws tried per heuristic point.
+N_YAWS = 12
+#: Sampling step of the cross-section profile, metres.
+PROFILE_STEP = 0.003
+
+
+@dataclass
+class Candidate:
+    grasp: Grasp
+    source: int  # 0 heuristic, 1 random
+
+
+@dataclass
+class LabelledGrasp:
+    grasp: Grasp
+    source: int
+    success: bool
+    lifted_object: int
+
+
+def _sample_heights(hmap: tuple, pts: np.ndarray) -> np.ndarray:
+    """Nearest-cell height at base-frame points ``(..., 2)`` (table height outside)."""
+    xs, ys, height, _ = hmap
+    res = xs[1] - xs[0]
+    ix = np.round((pts[..., 0] - xs[0]) / res).astype(int)
+    iy = np.round((pts[..., 1] - ys[0]) / res).astype(int)
+    inside = (ix >= 0) & (ix < len(xs)) & (iy >= 0) & (iy < len(ys))
+    out = np.full(pts.shape[:-1], height.min())
+    out[inside] = height[iy[inside], ix[inside]]
+    return out
+
+
+def heuristic_candidates(cell: Cell, hmap: tuple, n: int, rng: np.random.Generator) -> list[Candidate]:
+    """Candidates that close across the narrowest local part of an object."""
+    xs, ys, height, body = hmap
+    table_z = cell.calib.table_z
+    cells = np.argwhere(body >= 0)
+    if len(cells) == 0 or n <= 0:
+        return []
+    # Balance objects: pick an object first, then a point on it.
+    owners = body[cells[:, 0], cells[:, 1]]
+    objects = np.unique(owners)
+    half_span = GRIPPER_MAX_WIDTH / 2 + 2 * FINGER_HALF[0] + 0.01
+    offsets = np.arange(-half_span, half_span + 1e-9, PROFILE_STEP)
+    mid = len(offsets) // 2
+    yaws = np.arange(N_YAWS) * np.pi / N_YAWS
+    out: list[Candidate] = []
+    for _ in range(8 * n):
+        if len(out) >= n:
+            break
+        obj = rng.choice(objects)
+        pick = cells[owners == obj][rng.integers(np.sum(owners == obj))]
+        center = np.array([xs[pick[1]], ys[pick[0]]]) + rng.uniform(-0.002, 0.002, 2)
+        top = height[pick[0], pick[1]]
+        tip_z = max(table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
+        dirs = np.stack([np.cos(yaws), np.sin(yaws)], axis=1)
+        normals = np.stack([-dirs[:, 1], dirs[:, 0]], axis=1)
+        # Three lanes across the finger depth: the fingers are FINGER_HALF[1] deep each side.
+        lanes = np.array([-FINGER_HALF[1], 0.0, FINGER_HALF[1]])
+        pts = (
+            center[None, None, None, :]
+            + offsets[None, None, :, None] * dirs[:, None, None, :]
+            + lanes[None, :, None, None] * normals[:, None, None, :]
+        )
+        above = _sample_heights(hmap, pts) > tip_z + 0.003  # (yaw, lane, offset): above the tips
+        prof = above[:, 1]
+        blocked = above.any(axis=1)
+        best = None
+        for k in rng.permutation(N_YAWS):
+            row = prof[k]
+            if not row[mid]:
+                continue
+            lo = mid
+            while lo > 0 and row[lo - 1]:
+                lo -= 1
+            hi = mid
+            while hi < len(row) - 1 and row[hi + 1]:
+                hi += 1
+            extent = (hi - lo + 1) * PROFILE_STEP
+            width = extent + 2 * WIDTH_MARGIN
+            if width > GRIPPER_MAX_WIDTH:
+                continue
+            # The fingers must land on free space on both sides.
+            c_off = (offsets[lo] + offsets[hi]) / 2
+            reach = width / 2 + 2 * FINGER_HALF[0]
+            outside = (np.abs(offsets - c_off) <= reach) & ((np.arange(len(row)) < lo) | (np.arange(len(row)) > hi))
+            if np.any(blocked[k][outside]):
+                continue
+            if best is None or extent < best[0]:
+                best = (extent, k, c_off, width)
+        if best is None:
+            continue
+        _, k, c_off, width = best
+        xy = center + c_off * dirs[k]
+        out.append(Candidate(Grasp((xy[0], xy[1], tip_z), float(yaws[k]), float(width)), 0))
+    return out
+
+
+def random_candidates(cell: Cell, hmap: tuple, n: int, rng: np.random.Generator) -> list[Candidate]:
+    """Uniformly random grasps in the workspace at the local surface height."""
+    cal = cell.calib
+    out = []
+    for _ in range(n):
+        xy = np.array([rng.uniform(*cal.workspace_x), rng.uniform(*cal.workspace_y)])
+        top = float(_sample_heights(hmap, xy[None])[0])
+        tip_z = max(cal.table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
+        out.append(Candidate(Grasp((xy[0], xy[1], tip_z), rng.uniform(-np.pi / 2, np.pi / 2),
+                                   GRIPPER_MAX_WIDTH), 1))
+    return out
+
+
+def label_grasps(
+    cell: Cell, hand: FloatingHand, candidates: list[Candidate], force: float, timing: GraspTiming
+) -> list[LabelledGrasp]:
+    """Execute each candidate from the current physics state; the state is restored after each."""
+    c = cell.client
+    state = c.saveState()
+    out = []
+    try:
+        for cand in candidates:
+            c.restoreState(stateId=state)
+            res = hand.execute(cand.grasp, force, timing)
+            out.append(LabelledGrasp(cand.grasp, cand.source, res.success, res.lifted_object))
+        c.restoreState(stateId=state)
+    finally:
+        c.removeState(state)
+    return out
