@@ -63,11 +63,24 @@ class Cell:
         self.calib = calib
         self.client = client or BulletClient(connection_mode=p.DIRECT)
         self.timestep = float(timestep)
-        self.client.setGravity(0, 0, -9.81)
-        self.client.setPhysicsEngineParameter(
-            fixedTimeStep=self.timestep, numSolverIterations=int(solver_iterations), deterministicOverlappingPairs=1
+        self.solver_iterations = int(solver_iterations)
+        self.bodies = self.reset()
+
+    def reset(self) -> CellBodies:
+        """Empty the world and rebuild the static cell.
+
+        Every scene starts from here: PyBullet's results depend on the history of a
+        world (body ids, contact caches), and a scene must not depend on which
+        scenes the same worker rendered before it.
+        """
+        c = self.client
+        c.resetSimulation()
+        c.setGravity(0, 0, -9.81)
+        c.setPhysicsEngineParameter(
+            fixedTimeStep=self.timestep, numSolverIterations=self.solver_iterations, deterministicOverlappingPairs=1
         )
         self.bodies = self._build_static()
+        return self.bodies
 
     # ----------------------------------------------------------------- static
     def _box(self, half: list[float], pos: list[float], color: list[float]) -> int:

@@ -1,0 +1,40 @@
+# The two commands of the README: `make run` (install + the main job) and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Per-test timeout of the slow tier, seconds.
+SLOW_TIMEOUT ?= 900
+
+.PHONY: install run test test-slow lint bench clean
+
+$(BIN)/python:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH, or run: make PYTHON=/path/to/python3.11"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## The main job: the whole pipeline on its built-in defaults (budget=tiny).
+run: install
+	$(BIN)/sim2real-pipeline budget=tiny
+
+## The fast test tier (under 10 minutes on 2 cores).
+test: install
+	$(BIN)/pytest -q
+
+## The slow tier, with a timeout per test (pytest exit 5, "no tests", is fine).
+test-slow: install
+	$(BIN)/pytest -q -m slow --timeout=$(SLOW_TIMEOUT) || [ $$? -eq 5 ]
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python benchmarks/render.py
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,235 @@
+"""Benchmark of the grasp service: end-to-end ``/v1/grasp`` latency and resident memory.
+
+    .venv/bin/python benchmarks/service.py [--artifact DIR] [--calibration FILE] [--n 200] [--write]
+
+Starts ``sim2real-serve`` as a separate process on 127.0.0.1, sends 640x480 PNG and JPEG
+frames one at a time over a keep-alive connection, and reports p50 / p99 of the client's
+wall-clock latency next to the raw onnxruntime forward pass timed in this process with
+the same thread count, plus the per-stage split (decode, preprocess, forward, grasp
+decode) and the service's resident memory. Goals: p50 <= 30 ms, RSS <= 300 MB.
+Without ``--artifact`` a synthetic policy with a small convolution stack is built.
+``--write`` puts the table into docs/benchmarks.md between the service markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from perception.artifact import PolicyRunner, cpu_count  # noqa: E402
+from perception.calibration import Calibration, default_calibration_path  # noqa: E402
+from perception.decode import decode_grasp  # noqa: E402
+from perception.imageio import decode_image, encode_image  # noqa: E402
+from perception.metrics import resident_memory_bytes  # noqa: E402
+from perception.testing import free_port  # noqa: E402
+
+START, END = "<!-- service-benchmark:start -->", "<!-- service-benchmark:end -->"
+
+
+def camera_like_frame(calib: Calibration, seed: int = 0) -> np.ndarray:
+    """A frame that compresses like a camera image: smooth shading, objects, sensor noise."""
+    w, h = calib.image_size
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.dstack([90 + 40 * xx / w, 95 + 30 * yy / h, 100 + 20 * (xx + yy) / (w + h)])
+    for _ in range(6):
+        c = (int(rng.integers(150, 490)), int(rng.integers(120, 360)))
+        color = [float(v) for v in rng.integers(30, 230, 3)]
+        cv2.rectangle(img, c, (c[0] + int(rng.integers(20, 70)), c[1] + int(rng.integers(10, 40))), color, -1)
+    img = cv2.GaussianBlur(img, (3, 3), 0) + rng.normal(0, 2.0, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def status_kb(pid: int, key: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    calib = Calibration.load(args.calibration or default_calibration_path())
+    tmp = None
+    artifact = args.artifact
+    if artifact is None:
+        from perception.testing import make_test_artifact
+
+        tmp = tempfile.TemporaryDirectory()
+        artifact = make_test_artifact(Path(tmp.name) / "artifact", calibration=calib, view_size=(160, 120),
+                                      angle_bins=12, conv_channels=16)
+    threads = args.threads or cpu_count()
+    frames = {"png": [], "jpeg": []}
+    for i in range(8):
+        rgb = camera_like_frame(calib, seed=i)
+        frames["png"].append(encode_image(rgb, "png"))
+        frames["jpeg"].append(encode_image(rgb, "jpeg", quality=90))
+
+    # In-process stage timings and the raw forward pass (same thread count as the service).
+    runner = PolicyRunner(artifact, calib, intra_op_num_threads=threads)
+    rgb = decode_image(frames["png"][0])
+    x = runner.to_input(runner.preprocess(rgb))
+    stages: dict[str, list[float]] = {"decode_png": [], "decode_jpeg": [], "preprocess": [], "forward": [],
+                                      "grasp_decode": []}
+    for _ in range(args.warmup):
+        runner.forward(x)
+    for i in range(args.n):
+        t = time.perf_counter()
+        decode_image(frames["png"][i % 8])
+        stages["decode_png"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        decode_image(frames["jpeg"][i % 8])
+        stages["decode_jpeg"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        view = runner.preprocess(rgb)
+        stages["preprocess"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        q, w, h = runner.forward(runner.to_input(view))
+        stages["forward"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold)
+        stages["grasp_decode"].append(time.perf_counter() - t)
+    del runner
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "perception.service", f"artifact={artifact}", f"calibration={args.calibration or default_calibration_path()}",
+           f"port={port}", f"threads={threads}", "log_level=warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    e2e: dict[str, list[float]] = {"png": [], "jpeg": []}
+    server_ms: dict[str, list[float]] = {"png": [], "jpeg": []}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"service exited: {proc.stdout.read()}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("service did not start")
+            time.sleep(0.1)
+        rss_idle = resident_memory_bytes(proc.pid)
+        with httpx.Client(timeout=30) as c:
+            for fmt in ("png", "jpeg"):
+                ctype = f"image/{fmt}"
+                for i in range(args.warmup + args.n):
+                    t = time.perf_counter()
+                    r = c.post(url + "/v1/grasp", content=frames[fmt][i % 8], headers={"Content-Type": ctype})
+                    dt = time.perf_counter() - t
+                    if r.status_code != 200:
+                        raise RuntimeError(f"{r.status_code}: {r.text}")
+                    if i >= args.warmup:
+                        e2e[fmt].append(dt)
+                        server_ms[fmt].append(r.json()["latency_ms"])
+        rss = resident_memory_bytes(proc.pid)
+        hwm_kb = status_kb(proc.pid, "VmHWM")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if tmp is not None:
+            tmp.cleanup()
+    meta = json.loads((Path(artifact) / "metadata.json").read_text()) if tmp is None else {"input": {"size": [160, 120]}}
+    return {
+        "artifact": "synthetic (3 conv layers, 16 channels)" if tmp is not None else str(artifact),
+        "input_size": meta["input"]["size"],
+        "threads": threads,
+        "n": args.n,
+        "machine": f"{platform.machine()}, {cpu_count()} CPU cores, {platform.python_version()}",
+        "e2e_ms": {f: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for f, v in e2e.items()},
+        "server_ms": {f: {"p50": pct(v, 50), "p99": pct(v, 99)} for f, v in server_ms.items()},
+        "stages_ms": {k: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for k, v in stages.items()},
+        "frame_kb": {f: round(np.mean([len(b) for b in frames[f]]) / 1024, 1) for f in frames},
+        "rss_mb": {"idle": rss_idle / 2**20, "after": rss / 2**20, "peak": hwm_kb / 1024},
+        "load_avg": os.getloadavg()[0],
+    }
+
+
+def to_markdown(res: dict) -> str:
+    e, s, st = res["e2e_ms"], res["server_ms"], res["stages_ms"]
+    lines = [
+        START,
+        "## Grasp service (`benchmarks/service.py`)",
+        "",
+        f"Policy: {res['artifact']}, input {res['input_size'][0]}x{res['input_size'][1]}; onnxruntime CPU, "
+        f"{res['threads']} intra-op threads; {res['n']} requests per format after warm-up, one client, "
+        f"keep-alive; {res['machine']}; load average at the end {res['load_avg']:.2f}.",
+        "",
+        "| | p50 ms | p99 ms |",
+        "|---|---:|---:|",
+        f"| `/v1/grasp` end to end, 640x480 PNG ({res['frame_kb']['png']} KB) | {e['png']['p50']:.1f} | {e['png']['p99']:.1f} |",
+        f"| `/v1/grasp` end to end, 640x480 JPEG ({res['frame_kb']['jpeg']} KB) | {e['jpeg']['p50']:.1f} | {e['jpeg']['p99']:.1f} |",
+        f"| server-side `latency_ms`, PNG | {s['png']['p50']:.1f} | {s['png']['p99']:.1f} |",
+        f"| server-side `latency_ms`, JPEG | {s['jpeg']['p50']:.1f} | {s['jpeg']['p99']:.1f} |",
+        f"| raw onnxruntime forward pass (same run) | {st['forward']['p50']:.1f} | {st['forward']['p99']:.1f} |",
+        f"| stage: decode PNG | {st['decode_png']['p50']:.1f} | {st['decode_png']['p99']:.1f} |",
+        f"| stage: decode JPEG | {st['decode_jpeg']['p50']:.1f} | {st['decode_jpeg']['p99']:.1f} |",
+        f"| stage: undistort + crop + resize | {st['preprocess']['p50']:.1f} | {st['preprocess']['p99']:.1f} |",
+        f"| stage: grasp decode | {st['grasp_decode']['p50']:.2f} | {st['grasp_decode']['p99']:.2f} |",
+        "",
+        f"Resident memory of the service: {res['rss_mb']['idle']:.0f} MB idle, {res['rss_mb']['after']:.0f} MB after "
+        f"the run, peak {res['rss_mb']['peak']:.0f} MB (goal <= 300 MB). Goal p50 <= 30 ms: "
+        f"{'met' if max(e['png']['p50'], e['jpeg']['p50']) <= 30 else 'NOT met'}.",
+        END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(md: str, path: Path) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if START in text and END in text:
+        a, b = text.index(START), text.index(END) + len(END)
+        text = text[:a] + md.rstrip("\n") + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + md
+    path.write_text(text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--artifact", default=None, help="policy artifact folder (default: a synthetic one)")
+    ap.add_argument("--calibration", default=None, help="calibration JSON (default: the packaged one)")
+    ap.add_argument("--n", type=int, default=200, help="timed requests per format")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--json", default=None, help="also write the raw results here")
+    args = ap.parse_args()
+    res = run(args)
+    md = to_markdown(res)
+    print(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    if args.write:
+        write_section(md, ROOT / "docs" / "benchmarks.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""The policy artifact (``ARTIFACT/policy.onnx`` + ``ARTIFACT/metadata.json``) and its runner.
+
+The artifact is the only thing the robot side loads: an ONNX graph and a JSON file,
+never a pickle. :func:`load_metadata` validates ``metadata.json``;
+:class:`PolicyRunner` wraps an onnxruntime session and turns one raw camera frame into
+the policy's maps (:class:`PolicyMaps`), using the same :func:`perception.preprocess.preprocess`
+as training.
+
+Metadata (``format_version`` 1)::
+
+    {"format": "sim2real-grasp-policy", "format_version": 1, "onnx": "policy.onnx",
+     "input": {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
+               "size": [W, H], "mean": [3], "std": [3]},
+     "outputs": {"quality": "quality", "width": "width", "height": "height"},
+     "angle_bins": A, "quality_threshold": 0.5,
+     "view": NetworkView.to_dict(), "calibration": {contract calibration},
+     "training": {...}, "code_version": "..."}
+
+ONNX outputs: ``quality`` ``(N, A, H, W)`` success probability per image-plane angle bin
+(:func:`perception.grasp.angle_bin_centers`), ``width`` ``(N, 1, H, W)`` opening in metres,
+``height`` ``(N, 1, H, W)`` fingertip height above ``table_z`` in metres.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perception.calibration import Calibration, CalibrationError
+from perception.geometry import NetworkView
+from perception.preprocess import preprocess
+
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "ARTIFACT_FORMAT_VERSION",
+    "ArtifactError",
+    "ArtifactMetadata",
+    "PolicyMaps",
+    "PolicyRunner",
+    "load_metadata",
+    "calibration_drift",
+    "check_calibration",
+]
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_FORMAT = "sim2real-grasp-policy"
+ARTIFACT_FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+
+#: Drift between the serving calibration and the artifact's above which a warning is logged.
+DRIFT_FOCAL_REL = 0.02  # fraction of fx / fy
+DRIFT_PRINCIPAL_PX = 8.0  # pixels
+DRIFT_TRANSLATION_M = 0.01  # metres
+DRIFT_ROTATION_RAD = math.radians(1.0)
+
+
+class ArtifactError(ValueError):
+    """The artifact is missing, of another format, inconsistent, or does not fit the camera."""
+
+
+@dataclass(frozen=True, eq=False)
+class ArtifactMetadata:
+    """Validated ``metadata.json``.
+
+    Attributes:
+        path: the artifact directory.
+        onnx_path: the ONNX file inside it.
+        input_name: ONNX input name.
+        input_size: ``(W, H)`` of the network input (equals ``view.size``).
+        mean, std: per-channel RGB normalisation of ``x / 255``.
+        outputs: ``{"quality": name, "width": name, "height": name}`` ONNX output names.
+        angle_bins: number of image-plane angle bins ``A``.
+        quality_threshold: default decision threshold.
+        view: the network's :class:`~perception.geometry.NetworkView`.
+        calibration: the calibration the policy was trained for.
+        raw: the whole JSON document.
+    """
+
+    path: Path
+    onnx_path: Path
+    input_name: str
+    input_size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    outputs: dict[str, str]
+    angle_bins: int
+    quality_threshold: float
+    view: NetworkView
+    calibration: Calibration
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def code_version(self) -> str | None:
+        return self.raw.get("code_version")
+
+
+def _req(d: Any, key: str, where: str = "metadata") -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise ArtifactError(f"artifact {where} field '{key}' is missing")
+    return d[key]
+
+
+def _triple(d: dict, key: str) -> tuple[float, float, float]:
+    try:
+        vals = tuple(float(v) for v in d[key])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"artifact metadata field 'input.{key}' must be 3 numbers") from exc
+    if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
+        raise ArtifactError(f"artifact metadata field 'input.{key}' must be 3 finite numbers")
+    if key == "std" and any(v <= 0 for v in vals):
+        raise ArtifactError("artifact metadata field 'input.std' must be positive")
+    return vals  # type: ignore[return-value]
+
+
+def load_metadata(artifact_dir: str | Path) -> ArtifactMetadata:
+    """Read and validate ``artifact_dir/metadata.json``.
+
+    Raises:
+        ArtifactError: naming the file and the field that is wrong.
+    """
+    root = Path(artifact_dir)
+    if not root.is_dir():
+        raise ArtifactError(f"artifact directory not found: {root}")
+    meta_path = root / METADATA_FILE
+    if not meta_path.is_file():
+        raise ArtifactError(f"{meta_path} not found: not a {ARTIFACT_FORMAT} artifact")
+    try:
+        raw = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{meta_path} is not valid JSON: {exc}") from exc
+    try:
+        return _parse_metadata(root, raw)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{meta_path}: {exc}") from exc
+
+
+def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
+    if not isinstance(raw, dict):
+        raise ArtifactError("metadata must be a JSON object")
+    fmt = raw.get("format")
+    if fmt != ARTIFACT_FORMAT:
+        raise ArtifactError(f"format is {fmt!r}, expected {ARTIFACT_FORMAT!r}")
+    version = raw.get("format_version")
+    if version != ARTIFACT_FORMAT_VERSION:
+        raise ArtifactError(
+            f"format_version {version!r} is not supported (this code reads {ARTIFACT_FORMAT_VERSION})"
+        )
+    onnx_name = _req(raw, "onnx")
+    if not isinstance(onnx_name, str) or Path(onnx_name).name != onnx_name or not onnx_name.endswith(".onnx"):
+        raise ArtifactError(f"field 'onnx' must be a plain *.onnx file name inside the artifact, got {onnx_name!r}")
+    onnx_path = root / onnx_name
+    if not onnx_path.is_file():
+        raise ArtifactError(f"ONNX file {onnx_path} not found")
+
+    inp = _req(raw, "input")
+    name = _req(inp, "name", "input")
+    if not isinstance(name, str) or not name:
+        raise ArtifactError("field 'input.name' must be a non-empty string")
+    for key, want in (("layout", "NCHW"), ("channels", "RGB"), ("dtype", "float32")):
+        got = _req(inp, key, "input")
+        if got != want:
+            raise ArtifactError(f"field 'input.{key}' is {got!r}; only {want!r} is supported")
+    try:
+        w, h = (int(v) for v in _req(inp, "size", "input"))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError("field 'input.size' must be [width, height]") from exc
+    if w <= 0 or h <= 0:
+        raise ArtifactError("field 'input.size' must be positive")
+    mean, std = _triple(inp, "mean"), _triple(inp, "std")
+
+    outs = _req(raw, "outputs")
+    outputs = {}
+    for key in ("quality", "width", "height"):
+        val = _req(outs, key, "outputs")
+        if not isinstance(val, str) or not val:
+            raise ArtifactError(f"field 'outputs.{key}' must be an ONNX output name")
+        outputs[key] = val
+    try:
+        angle_bins = int(_req(raw, "angle_bins"))
+        threshold = float(_req(raw, "quality_threshold"))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"'angle_bins' and 'quality_threshold' must be numbers: {exc}") from exc
+    if angle_bins < 1:
+        raise ArtifactError("field 'angle_bins' must be >= 1")
+    if not 0.0 <= threshold <= 1.0:
+        raise ArtifactError("field 'quality_threshold' must be in [0, 1]")
+    try:
+        view = NetworkView.from_dict(_req(raw, "view"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"field 'view' must be {{'K': 3x3, 'size': [W, H]}}: {exc}") from exc
+    if view.K.shape != (3, 3) or not np.all(np.isfinite(view.K)):
+        raise ArtifactError("field 'view.K' must be a finite 3x3 matrix")
+    if tuple(view.size) != (w, h):
+        raise ArtifactError(f"field 'view.size' {list(view.size)} differs from 'input.size' {[w, h]}")
+    try:
+        calib = Calibration.from_dict(_req(raw, "calibration"), check_view=False)
+    except CalibrationError as exc:
+        raise ArtifactError(f"field 'calibration': {exc}") from exc
+    return ArtifactMetadata(
+        path=root,
+        onnx_path=onnx_path,
+        input_name=name,
+        input_size=(w, h),
+        mean=mean,
+        std=std,
+        outputs=outputs,
+        angle_bins=angle_bins,
+        quality_threshold=threshold,
+        view=view,
+        calibration=calib,
+        raw=raw,
+    )
+
+
+def _rotation_angle(Ra: np.ndarray, Rb: np.ndarray) -> float:
+    c = (np.trace(Ra.T @ Rb) - 1.0) / 2.0
+    return float(math.acos(min(1.0, max(-1.0, c))))
+
+
+def calibration_drift(trained: Calibration, serving: Calibration) -> list[str]:
+    """Human-readable differences between the trained-for and the serving calibration.
+
+    Only differences above the ``DRIFT_*`` tolerances are listed; an empty list means the
+    camera matches what the policy was trained for. ``image_size`` is not compared here
+    (see :func:`check_calibration`).
+    """
+    out = []
+    Kt, Ks = trained.K, serving.K
+    for i, name in ((0, "fx"), (1, "fy")):
+        rel = abs(Ks[i, i] - Kt[i, i]) / Kt[i, i]
+        if rel > DRIFT_FOCAL_REL:
+            out.append(f"K {name} {Ks[i, i]:.1f} differs from the trained {Kt[i, i]:.1f} by {100 * rel:.1f}%")
+    for i, name in ((0, "cx"), (1, "cy")):
+        d = abs(Ks[i, 2] - Kt[i, 2])
+        if d > DRIFT_PRINCIPAL_PX:
+            out.append(f"K {name} {Ks[i, 2]:.1f} differs from the trained {Kt[i, 2]:.1f} by {d:.1f} px")
+    dt = float(np.linalg.norm(serving.T_base_camera[:3, 3] - trained.T_base_camera[:3, 3]))
+    if dt > DRIFT_TRANSLATION_M:
+        out.append(f"camera position moved {1000 * dt:.1f} mm from the trained pose")
+    dr = _rotation_angle(serving.T_base_camera[:3, :3], trained.T_base_camera[:3, :3])
+    if dr > DRIFT_ROTATION_RAD:
+        out.append(f"camera orientation turned {math.degrees(dr):.2f} deg from the trained pose")
+    return out
+
+
+def check_calibration(meta: ArtifactMetadata, calib: Calibration) -> list[str]:
+    """Refuse a serving calibration of another ``image_size``; return drift warnings.
+
+    Raises:
+        ArtifactError: when ``calib.image_size`` differs from the artifact's.
+    """
+    if tuple(calib.image_size) != tuple(meta.calibration.image_size):
+        W, H = calib.image_size
+        Wt, Ht = meta.calibration.image_size
+        raise ArtifactError(
+            f"the calibration's image_size is {W}x{H} but the policy in {meta.path} was trained "
+            f"for {Wt}x{Ht} frames: use the calibration of the camera the policy was trained for, "
+            "or retrain the policy with this calibration"
+        )
+    return calibration_drift(meta.calibration, calib)
+
+
+@dataclass(frozen=True)
+class PolicyMaps:
+    """The policy's output for one frame (batch dimension removed).
+
+    Shapes: ``quality (A, H, W)``, ``width (H, W)`` metres, ``height (H, W)`` metres.
+    ``view_rgb`` is the network's input image ``(H, W, 3)`` uint8 (for debugging).
+    """
+
+    quality: np.ndarray
+    width: np.ndarray
+    height: np.ndarray
+    view_rgb: np.ndarray | None = None
+
+
+def default_providers() -> list[str]:
+    """CUDA when onnxruntime has it, else CPU."""
+    import onnxruntime as ort
+
+    avail = ort.get_available_providers()
+    if "CUDAExecutionProvider" in avail:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class PolicyRunner:
+    """Runs the exported policy on raw camera frames with onnxruntime (thread-safe).
+
+    Args:
+        artifact_dir: folder holding ``metadata.json`` and the ONNX file.
+        calibration: the serving camera (a :class:`Calibration`, a path, or ``None`` for
+            the artifact's own). A different ``image_size`` raises :class:`ArtifactError`;
+            drift of ``K`` or the pose is logged and listed in :attr:`warnings`.
+        intra_op_num_threads: onnxruntime intra-op threads (``None``: onnxruntime's choice).
+        providers: onnxruntime execution providers (``None``: :func:`default_providers`).
+        allow_spinning: let idle onnxruntime threads busy-wait (a little lower latency,
+            but they burn CPU the robot computer may need elsewhere).
+
+    ``infer`` may be called from several threads at once: onnxruntime sessions are
+    thread-safe for ``run`` and preprocessing keeps no mutable state.
+    """
+
+    def __init__(
+        self,
+        artifact_dir: str | Path,
+        calibration: Calibration | str | Path | None = None,
+        intra_op_num_threads: int | None = None,
+        providers: list[str] | None = None,
+        allow_spinning: bool = False,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.meta = load_metadata(artifact_dir)
+        if calibration is None:
+            calib = self.meta.calibration
+        elif isinstance(calibration, Calibration):
+            calib = calibration
+        else:
+            calib = Calibration.load(calibration)
+        self.warnings = check_calibration(self.meta, calib)
+        for w in self.warnings:
+            log.warning("calibration drift: %s", w)
+        self.calib = calib
+        self.view = self.meta.view
+
+        opts = ort.SessionOptions()
+        if intra_op_num_threads:
+            opts.intra_op_num_threads = int(intra_op_num_threads)
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if allow_spinning else "0")
+        try:
+            self.session = ort.InferenceSession(
+                str(self.meta.onnx_path), sess_options=opts, providers=providers or default_providers()
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ArtifactError(f"cannot load ONNX model {self.meta.onnx_path}: {exc}") from exc
+        self._check_graph()
+        self._mean = np.asarray(self.meta.mean, dtype=np.float32)[None, :, None, None]
+        self._std = np.asarray(self.meta.std, dtype=np.float32)[None, :, None, None]
+        self._out_names = [self.meta.outputs[k] for k in ("quality", "width", "height")]
+
+    # ------------------------------------------------------------------ checks
+    def _check_graph(self) -> None:
+        m = self.meta
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        if m.input_name not in inputs or len(inputs) != 1:
+            raise ArtifactError(
+                f"ONNX model inputs are {sorted(inputs)}, metadata names a single input {m.input_name!r}"
+            )
+        shape = inputs[m.input_name].shape
+        want = [None, 3, m.input_size[1], m.input_size[0]]
+        if len(shape) != 4 or any(isinstance(s, int) and w is not None and s != w for s, w in zip(shape, want)):
+            raise ArtifactError(f"ONNX input shape {shape} does not match (N, 3, {want[2]}, {want[3]})")
+        outputs = {o.name for o in self.session.get_outputs()}
+        missing = [n for n in m.outputs.values() if n not in outputs]
+        if missing:
+            raise ArtifactError(f"ONNX model lacks outputs {missing} named in metadata (has {sorted(outputs)})")
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    # ---------------------------------------------------------------- running
+    def to_input(self, view_rgb: np.ndarray) -> np.ndarray:
+        """``(H, W, 3)`` or ``(N, H, W, 3)`` uint8 view images -> ``(N, 3, H, W)`` float32."""
+        x = np.asarray(view_rgb, dtype=np.float32)
+        if x.ndim == 3:
+            x = x[None]
+        x = x.transpose(0, 3, 1, 2) / 255.0
+        return np.ascontiguousarray((x - self._mean) / self._std, dtype=np.float32)
+
+    def forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raw ONNX forward pass: ``(N, 3, H, W)`` -> ``quality (N,A,H,W), width, height (N,1,H,W)``."""
+        q, w, h = self.session.run(self._out_names, {self.meta.input_name: x})
+        return q, w, h
+
+    def preprocess(self, raw_rgb: np.ndarray) -> np.ndarray:
+        """Raw frame -> the network's view image ``(H, W, 3)`` uint8 (see :func:`preprocess`)."""
+        return preprocess(raw_rgb, self.calib, self.view)
+
+    def infer(self, raw_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
+        """Run the policy on one raw RGB frame at the calibration's ``image_size``.
+
+        Raises:
+            perception.preprocess.PreprocessError: frames of another aspect ratio or layout.
+        """
+        view_rgb = self.preprocess(raw_rgb)
+        return self.infer_view(view_rgb, keep_view=keep_view)
+
+    def infer_view(self, view_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
+        """Run the policy on an already preprocessed view image ``(H, W, 3)`` uint8."""
+        q, w, h = self.forward(self.to_input(view_rgb))
+        A, (W, H) = self.meta.angle_bins, self.meta.input_size
+        if q.shape[1:] != (A, H, W) or w.shape[1:] != (1, H, W) or h.shape[1:] != (1, H, W):
+            raise ArtifactError(
+                f"ONNX outputs have shapes {q.shape}, {w.shape}, {h.shape}; expected "
+                f"(1, {A}, {H}, {W}) and (1, 1, {H}, {W})"
+            )
+        return PolicyMaps(quality=q[0], width=w[0, 0], height=h[0, 0], view_rgb=view_rgb if keep_view else None)
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

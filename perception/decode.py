@@ -1,0 +1,165 @@
+"""Decode the policy's maps into one base-frame grasp (vectorised; runs per request).
+
+The policy predicts, for every view pixel and image-plane angle bin, the probability
+that a top-down grasp centred there succeeds (``quality``), the opening in metres
+(``width``) and the fingertip height above the table in metres (``height``).
+:func:`decode_grasp` picks the best (angle bin, pixel) whose grasp, back-projected at its
+own fingertip height, lies inside the calibration's workspace. Nothing outside the
+workspace is ever returned: that is the service's and the loop's safety guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from perception.calibration import Calibration
+from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
+from perception.geometry import NetworkView, project_points, view_pixels_to_base
+from perception.grasp import Grasp, angle_bin_centers, view_grasp_to_base
+
+__all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
+
+#: Length in view pixels of the image-plane segment used to turn an angle into a yaw.
+#: Plane-to-image is a homography, so the direction does not depend on it.
+_YAW_SEGMENT_PX = 10.0
+
+
+@dataclass(frozen=True)
+class DecodedGrasp:
+    """Result of :func:`decode_grasp`.
+
+    Attributes:
+        grasp: the grasp in ``B``, or ``None`` when nothing in the workspace is good enough.
+        view_pixel: ``(u, v)`` of the grasp centre in the network's view image.
+        pixel: ``(u, v)`` of ``grasp.position`` projected into the raw (distorted) frame at
+            ``calib.image_size`` (``cv2.projectPoints``).
+        reason: why ``grasp`` is ``None`` (``None`` when a grasp is returned).
+        angle_bin: the chosen image-plane angle bin.
+        view_angle: its angle in the view image (radians, from ``+u`` towards ``+v``).
+    """
+
+    grasp: Grasp | None
+    view_pixel: tuple[float, float] | None
+    pixel: tuple[float, float] | None
+    reason: str | None
+    angle_bin: int | None = None
+    view_angle: float | None = None
+
+    def to_dict(self) -> dict:
+        """The service's answer fields: ``grasp``, ``pixel`` and ``reason``."""
+        return {
+            "grasp": None if self.grasp is None else self.grasp.to_dict(),
+            "pixel": None if self.pixel is None else [float(self.pixel[0]), float(self.pixel[1])],
+            "reason": self.reason,
+        }
+
+
+def grasp_in_workspace(grasp: Grasp, calib: Calibration, margin: float = 0.0) -> bool:
+    """Whether a grasp is safe to hand to the robot: finite and inside the workspace."""
+    p = np.asarray(grasp.position, dtype=np.float64)
+    return bool(
+        np.all(np.isfinite(p))
+        and math.isfinite(grasp.yaw)
+        and -math.pi / 2 < grasp.yaw <= math.pi / 2
+        and 0.0 <= grasp.width <= GRIPPER_MAX_WIDTH
+        and calib.workspace_x[0] + margin <= p[0] <= calib.workspace_x[1] - margin
+        and calib.workspace_y[0] + margin <= p[1] <= calib.workspace_y[1] - margin
+    )
+
+
+def _none(reason: str) -> DecodedGrasp:
+    return DecodedGrasp(grasp=None, view_pixel=None, pixel=None, reason=reason)
+
+
+def decode_grasp(
+    quality: np.ndarray,
+    width: np.ndarray,
+    height: np.ndarray,
+    calib: Calibration,
+    view: NetworkView,
+    threshold: float,
+    workspace_margin: float = 0.0,
+) -> DecodedGrasp:
+    """Pick the best grasp inside the workspace from the policy's maps.
+
+    Args:
+        quality: ``(A, H, W)`` success probability per angle bin (bin centres
+            :func:`perception.grasp.angle_bin_centers`).
+        width: ``(H, W)`` predicted opening, metres (clipped to ``[0, 0.08]``).
+        height: ``(H, W)`` predicted fingertip height above ``table_z``, metres.
+        calib: the serving camera (pose, workspace, intrinsics for ``pixel``).
+        view: the network's view.
+        threshold: minimum quality; below it no grasp is returned.
+        workspace_margin: metres by which the workspace is shrunk on every side.
+
+    Returns:
+        :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
+        (angle, pixel) at or above ``threshold`` maps inside the workspace.
+        Non-finite map values never produce a grasp.
+    """
+    q = np.asarray(quality)
+    wmap = np.asarray(width)
+    hmap = np.asarray(height)
+    if q.ndim != 3 or wmap.shape != q.shape[1:] or hmap.shape != q.shape[1:]:
+        raise ValueError(
+            f"maps must be quality (A, H, W), width and height (H, W); got {q.shape}, {wmap.shape}, {hmap.shape}"
+        )
+    A, H, W = q.shape
+    if (W, H) != tuple(view.size):
+        raise ValueError(f"maps are {W}x{H} but the view is {view.size[0]}x{view.size[1]}")
+
+    # Best angle bin per pixel; non-finite qualities can never win.
+    finite_q = np.isfinite(q)
+    if not finite_q.all():
+        q = np.where(finite_q, q, -np.inf)
+    abin = q.argmax(axis=0)
+    qbest = np.take_along_axis(q, abin[None], axis=0)[0]
+    valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
+    idx = np.flatnonzero(valid)
+    if idx.size == 0:
+        best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
+        return _none(f"no grasp reaches the quality threshold {threshold:.2f} (best {best:.2f})")
+
+    # Back-project every candidate centre at its own fingertip height.
+    vs, us = np.divmod(idx, W)
+    uv = np.stack([us, vs], axis=1).astype(np.float64)
+    z = calib.table_z + hmap.reshape(-1)[idx].astype(np.float64)
+    z = np.maximum(z, calib.table_z + MIN_TIP_CLEARANCE)
+    centres = view_pixels_to_base(uv, calib, view, z)
+    m = float(workspace_margin)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    with np.errstate(invalid="ignore"):
+        inside = (
+            np.isfinite(centres).all(axis=1)
+            & (centres[:, 0] >= x0 + m)
+            & (centres[:, 0] <= x1 - m)
+            & (centres[:, 1] >= y0 + m)
+            & (centres[:, 1] <= y1 - m)
+        )
+    if not inside.any():
+        return _none(
+            f"no grasp at or above the quality threshold {threshold:.2f} lies inside the workspace "
+            f"({idx.size} candidates outside)"
+        )
+    cand = np.flatnonzero(inside)
+    k = cand[np.argmax(qbest.reshape(-1)[idx[cand]])]
+    v, u = int(vs[k]), int(us[k])
+    a = int(abin[v, u])
+    angle = float(angle_bin_centers(A)[a])
+    pos, yaw, _ = view_grasp_to_base(uv[k : k + 1], np.array([angle]), np.array([_YAW_SEGMENT_PX]), z[k : k + 1], calib, view)
+    w_m = float(np.clip(wmap[v, u], 0.0, GRIPPER_MAX_WIDTH))
+    grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=w_m, quality=float(qbest[v, u]))
+    if not grasp_in_workspace(grasp, calib, m):  # defensive: the same numbers were checked above
+        return _none("the best grasp failed the final workspace check")
+    pixel = project_points(pos, calib)[0]
+    return DecodedGrasp(
+        grasp=grasp,
+        view_pixel=(float(u), float(v)),
+        pixel=(float(pixel[0]), float(pixel[1])),
+        reason=None,
+        angle_bin=a,
+        view_angle=angle,
+    )

@@ -1,0 +1,86 @@
+"""Pictures people would rather look at than read: grasps drawn on frames, panels."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+__all__ = ["SUCCESS_COLOR", "FAILURE_COLOR", "draw_grasp", "draw_grasps", "panel", "label_image"]
+
+SUCCESS_COLOR = (40, 220, 60)
+FAILURE_COLOR = (230, 50, 40)
+
+
+def draw_grasp(
+    img: np.ndarray,
+    pixel: Sequence[float],
+    angle: float,
+    width_px: float,
+    color: tuple[int, int, int] = SUCCESS_COLOR,
+    thickness: int = 1,
+) -> np.ndarray:
+    """Draw one grasp in place: the line between the fingertips and two jaw ticks.
+
+    Args:
+        img: ``(H, W, 3)`` uint8 RGB, modified in place and returned.
+        pixel: grasp centre ``(u, v)`` in this image's pixels.
+        angle: image-plane angle of the fingertip line, radians.
+        width_px: opening in this image's pixels.
+    """
+    u, v = float(pixel[0]), float(pixel[1])
+    d = np.array([np.cos(angle), np.sin(angle)]) * width_px / 2
+    n = np.array([-d[1], d[0]]) / max(np.linalg.norm(d), 1e-6) * max(2.0, width_px / 6)
+    a = np.array([u, v]) - d
+    b = np.array([u, v]) + d
+    shift = 4  # sub-pixel precision for cv2 drawing
+
+    def pt(x: np.ndarray) -> tuple[int, int]:
+        return int(round(x[0] * (1 << shift))), int(round(x[1] * (1 << shift)))
+
+    cv2.line(img, pt(a), pt(b), color, thickness, cv2.LINE_AA, shift)
+    for end in (a, b):
+        cv2.line(img, pt(end - n), pt(end + n), color, thickness + 1, cv2.LINE_AA, shift)
+    cv2.circle(img, pt(np.array([u, v])), 2 << shift, color, -1, cv2.LINE_AA, shift)
+    return img
+
+
+def draw_grasps(
+    img: np.ndarray,
+    pixels: np.ndarray,
+    angles: np.ndarray,
+    widths_px: np.ndarray,
+    success: np.ndarray | None = None,
+    thickness: int = 1,
+) -> np.ndarray:
+    """Copy of ``img`` with grasps drawn: green where ``success``, red otherwise."""
+    out = np.ascontiguousarray(img).copy()
+    for k in range(len(pixels)):
+        ok = True if success is None else bool(success[k])
+        draw_grasp(out, pixels[k], float(angles[k]), float(widths_px[k]),
+                   SUCCESS_COLOR if ok else FAILURE_COLOR, thickness)
+    return out
+
+
+def label_image(img: np.ndarray, text: str) -> np.ndarray:
+    """Copy of ``img`` with a caption bar on top."""
+    h, w = img.shape[:2]
+    bar = np.full((18, w, 3), 255, dtype=np.uint8)
+    cv2.putText(bar, text, (3, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
+    return np.concatenate([bar, img], axis=0)
+
+
+def panel(rows: Sequence[Sequence[np.ndarray]], pad: int = 4) -> np.ndarray:
+    """Tile images (all RGB uint8, resized to the first one's size) into a grid."""
+    first = rows[0][0]
+    h, w = first.shape[:2]
+    ncol = max(len(r) for r in rows)
+    out = np.full((len(rows) * (h + pad) + pad, ncol * (w + pad) + pad, 3), 255, dtype=np.uint8)
+    for i, row in enumerate(rows):
+        for j, im in enumerate(row):
+            if im.shape[:2] != (h, w):
+                im = cv2.resize(im, (w, h), interpolation=cv2.INTER_AREA)
+            y, x = pad + i * (h + pad), pad + j * (w + pad)
+            out[y : y + h, x : x + w] = im
+    return out

@@ -1,0 +1,458 @@
+"""Training frames for the grasp policy: rendered sim frames mapped into the network view,
+with dense grasp-map targets built from the physics-verified labels.
+
+Every frame goes through :func:`perception.preprocess.preprocess` with the **nominal**
+calibration, as at deployment (the renderer's camera jitter then models calibration
+error). Labels live in raw pixels of the jittered camera, i.e. on the image content, so
+they are mapped into the view with the same nominal calibration
+(:func:`perception.geometry.raw_to_view_pixels`), fingertips included, which gives the
+view-image angle and opening of each grasp.
+
+Targets of one frame (view ``H x W``, ``A`` angle bins, see :func:`build_targets`):
+
+- ``quality_target``/``quality_weight`` ``(A, H, W)``: at every labelled grasp (a disk of
+  ``label_radius`` view pixels around its centre, its angle bin) the success rate of the
+  labels there, weight 1; elsewhere weight 0;
+- ``dense_negative`` ``(H, W)``: table and bin pixels (seg labels ``dense_negative_labels``),
+  negatives for every bin (weighted by the module's ``dense_negative_weight``);
+- ``height_target``/``height_weight`` ``(H, W)``: fingertip height above the table, metres:
+  dense from the depth image (surface height minus the labeller's
+  :data:`sim_render.labels.GRASP_DEPTH`, at least the table clearance), and the labelled
+  grasp's own ``z`` on the label disks (weight ``label_height_weight``);
+- ``width_target``/``width_mask`` ``(H, W)``: the opening in metres of successful labels.
+
+An optional ``translator`` (a callable ``(N, H, W, 3) uint8 -> (N, H, W, 3) uint8`` on view
+images, e.g. :class:`adaptation.translate.Translator`) turns sim frames into adapted frames
+on the fly; with ``cache=True`` each frame is translated once (a frozen generator gives the
+same output every epoch).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import ConcatDataset, Dataset
+
+from perception.calibration import Calibration
+from perception.frames import MIN_TIP_CLEARANCE, transform_points
+from perception.geometry import NetworkView, network_view, raw_pixels_to_rays, raw_to_view_pixels
+from perception.grasp import angle_to_bin, normalize_angle
+from perception.preprocess import preprocess, to_network_input
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "PolicyFrames",
+    "build_targets",
+    "view_grids",
+    "surface_height_view",
+    "labels_to_view",
+    "make_policy_datasets",
+    "split_by_scene",
+]
+
+log = logging.getLogger(__name__)
+
+#: Defaults of the ``targets`` section of ``conf/policy/*.yaml``.
+DEFAULT_TARGETS: dict[str, Any] = {
+    "label_radius": 1.5,  # view px: label disk radius
+    "dense_negative_labels": [0, 1],  # seg labels whose pixels are negatives for all bins
+    "label_height_weight": 4.0,  # height-loss weight on label disks (dense pixels weigh 1)
+    "object_height_weight": 2.0,  # height-loss weight on object pixels (seg >= 3)
+    "angle_spread": 0,  # also mark +-k neighbouring angle bins of a label ...
+    "angle_spread_weight": 0.3,  # ... with this weight
+}
+
+Translator = Callable[[np.ndarray], np.ndarray]
+
+
+# ----------------------------------------------------------------------------- geometry
+@functools.lru_cache(maxsize=8)
+def _grids(K: bytes, dist: bytes, raw_size: tuple[int, int], Kv: bytes, view_size: tuple[int, int]):
+    K_arr = np.frombuffer(K, dtype=np.float64).reshape(3, 3)
+    d_arr = np.frombuffer(dist, dtype=np.float64)
+    Kv_arr = np.frombuffer(Kv, dtype=np.float64).reshape(3, 3)
+    mx, my = cv2.initUndistortRectifyMap(K_arr, d_arr, None, Kv_arr, view_size, cv2.CV_32FC1)
+    w, h = raw_size
+    valid = (mx >= -0.5) & (mx <= w - 0.5) & (my >= -0.5) & (my <= h - 0.5)
+    return mx, my, valid
+
+
+def view_grids(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw pixel coordinates of every view pixel, as :func:`preprocess` samples them.
+
+    Args:
+        raw_calib: the nominal calibration scaled to the raw frame size.
+        view: the network view.
+
+    Returns:
+        ``map_x``, ``map_y`` ``(H, W)`` float32 raw pixel coordinates and ``valid`` ``(H, W)``
+        bool (inside the raw frame).
+    """
+    return _grids(
+        raw_calib.K.tobytes(), raw_calib.dist.tobytes(), tuple(raw_calib.image_size),
+        np.asarray(view.K, dtype=np.float64).tobytes(), tuple(view.size),
+    )
+
+
+def _nearest(arr: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+    return cv2.remap(arr, mx, my, cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+
+
+def surface_height_view(
+    depth: np.ndarray, camera: Calibration, raw_calib: Calibration, view: NetworkView
+) -> np.ndarray:
+    """Height in ``B`` of the surface seen at every view pixel (NaN where unknown).
+
+    The depth of the raw frame (metres along the *actual* camera's ``z``) is sampled at
+    the raw pixel each view pixel comes from (nominal calibration, as the image), and
+    back-projected through the actual (jittered) camera that rendered it.
+
+    Shape:
+        ``depth`` ``(h, w)`` raw; returns ``(H, W)`` view.
+    """
+    mx, my, valid = view_grids(raw_calib, view)
+    d = _nearest(np.asarray(depth, dtype=np.float32), mx, my)
+    ok = valid & (d > 0) & np.isfinite(d)
+    out = np.full(d.shape, np.nan, dtype=np.float32)
+    if not ok.any():
+        return out
+    # Snap to the sampled raw pixel, then undistort it with the camera that rendered it.
+    uv = np.stack([np.rint(mx[ok]), np.rint(my[ok])], axis=1).astype(np.float64)
+    rays = raw_pixels_to_rays(uv, camera)
+    pts = transform_points(camera.T_base_camera, rays * d[ok].astype(np.float64)[:, None])
+    out[ok] = pts[:, 2]
+    return out
+
+
+def labels_to_view(
+    grasps: dict[str, np.ndarray], raw_calib: Calibration, view: NetworkView
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Label centres, image-plane angles and openings in view pixels.
+
+    The fingertips (raw pixel centre +- half the raw opening along the raw angle) are
+    mapped too, so the angle and opening are those of the view image.
+
+    Returns:
+        ``uv (G, 2)``, ``angle (G,)`` radians in ``(-pi/2, pi/2]``, ``width_px (G,)``.
+    """
+    uv_raw = np.asarray(grasps["pixel"], dtype=np.float64).reshape(-1, 2)
+    G = len(uv_raw)
+    if G == 0:
+        return np.zeros((0, 2)), np.zeros(0), np.zeros(0)
+    a = np.asarray(grasps["image_angle"], dtype=np.float64)
+    half = 0.5 * np.asarray(grasps["image_width"], dtype=np.float64)
+    d = np.stack([np.cos(a), np.sin(a)], axis=1) * half[:, None]
+    pts = raw_to_view_pixels(np.concatenate([uv_raw, uv_raw - d, uv_raw + d]), raw_calib, view)
+    c, t0, t1 = pts[:G], pts[G : 2 * G], pts[2 * G :]
+    line = t1 - t0
+    angle = normalize_angle(np.arctan2(line[:, 1], line[:, 0]))
+    return c, np.asarray(angle), np.linalg.norm(line, axis=1)
+
+
+# ----------------------------------------------------------------------------- targets
+def _disk_offsets(radius: float) -> np.ndarray:
+    r = int(np.floor(radius))
+    dv, du = np.mgrid[-r : r + 1, -r : r + 1]
+    keep = du**2 + dv**2 <= radius**2 + 1e-9
+    return np.stack([du[keep], dv[keep]], axis=1)
+
+
+def build_targets(
+    seg_view: np.ndarray,
+    valid: np.ndarray,
+    surface_z: np.ndarray,
+    label_uv: np.ndarray,
+    label_angle: np.ndarray,
+    label_success: np.ndarray,
+    label_width: np.ndarray,
+    label_z: np.ndarray,
+    table_z: float,
+    angle_bins: int,
+    targets: dict | None = None,
+) -> dict[str, np.ndarray]:
+    """Dense targets of one frame in the view.
+
+    Args:
+        seg_view: ``(H, W)`` uint8 segmentation in the view.
+        valid: ``(H, W)`` bool, view pixels that come from inside the raw frame.
+        surface_z: ``(H, W)`` surface height in ``B`` (NaN unknown).
+        label_uv: ``(G, 2)`` label centres in view pixels.
+        label_angle: ``(G,)`` view-image angles.
+        label_success: ``(G,)`` bool.
+        label_width: ``(G,)`` opening, metres.
+        label_z: ``(G,)`` fingertip height in ``B``, metres.
+        table_z: the table height.
+        angle_bins: ``A``.
+        targets: options (:data:`DEFAULT_TARGETS` keys).
+
+    Returns:
+        ``quality_target``, ``quality_weight`` ``(A, H, W)`` float32; ``dense_negative``,
+        ``width_mask``, ``object_mask`` ``(H, W)`` bool; ``width_target``, ``height_target``,
+        ``height_weight`` ``(H, W)`` float32.
+    """
+    from sim_render.labels import GRASP_DEPTH
+
+    opt = {**DEFAULT_TARGETS, **(dict(targets) if targets else {})}
+    H, W = seg_view.shape
+    A = int(angle_bins)
+    seg_view = np.asarray(seg_view)
+    object_mask = (seg_view >= 3) & valid
+    dense_negative = np.isin(seg_view, list(opt["dense_negative_labels"])) & valid
+
+    known = np.isfinite(surface_z) & valid
+    height_target = np.where(
+        known, np.maximum(np.nan_to_num(surface_z) - table_z - GRASP_DEPTH, MIN_TIP_CLEARANCE), 0.0
+    ).astype(np.float32)
+    height_weight = known.astype(np.float32)
+    height_weight[object_mask & known] = float(opt["object_height_weight"])
+
+    q_sum = np.zeros((A, H, W), dtype=np.float32)
+    q_cnt = np.zeros((A, H, W), dtype=np.float32)
+    w_sum = np.zeros((H, W), dtype=np.float32)
+    w_cnt = np.zeros((H, W), dtype=np.float32)
+    z_sum = np.zeros((H, W), dtype=np.float32)
+    z_cnt = np.zeros((H, W), dtype=np.float32)
+    spread_w = np.zeros((A, H, W), dtype=np.float32)
+    spread_pos = np.zeros((A, H, W), dtype=np.float32)
+
+    uv = np.asarray(label_uv, dtype=np.float64).reshape(-1, 2)
+    if len(uv):
+        offs = _disk_offsets(float(opt["label_radius"]))
+        centre = np.rint(uv).astype(np.int64)
+        bins = angle_to_bin(np.asarray(label_angle, dtype=np.float64), A)
+        succ = np.asarray(label_success, dtype=bool)
+        # (G, K) pixels of each label's disk
+        pu = centre[:, None, 0] + offs[None, :, 0]
+        pv = centre[:, None, 1] + offs[None, :, 1]
+        inside = (pu >= 0) & (pu < W) & (pv >= 0) & (pv < H) & np.isfinite(uv).all(axis=1)[:, None]
+        g_idx = np.broadcast_to(np.arange(len(uv))[:, None], pu.shape)[inside]
+        pu, pv = pu[inside], pv[inside]
+        b = bins[g_idx]
+        s = succ[g_idx].astype(np.float32)
+        np.add.at(q_sum, (b, pv, pu), s)
+        np.add.at(q_cnt, (b, pv, pu), 1.0)
+        k = int(opt["angle_spread"])
+        for dk in range(-k, k + 1):
+            if dk == 0:
+                continue
+            bb = np.mod(b + dk, A)
+            np.add.at(spread_pos, (bb, pv, pu), s)
+            np.add.at(spread_w, (bb, pv, pu), 1.0)
+        np.add.at(z_sum, (pv, pu), np.asarray(label_z, dtype=np.float32)[g_idx] - table_z)
+        np.add.at(z_cnt, (pv, pu), 1.0)
+        ok = s > 0
+        np.add.at(w_sum, (pv[ok], pu[ok]), np.asarray(label_width, dtype=np.float32)[g_idx][ok])
+        np.add.at(w_cnt, (pv[ok], pu[ok]), 1.0)
+
+    labelled = q_cnt > 0
+    quality_target = np.where(labelled, q_sum / np.maximum(q_cnt, 1.0), 0.0).astype(np.float32)
+    quality_weight = labelled.astype(np.float32)
+    spread = (spread_w > 0) & ~labelled
+    if spread.any():
+        # Neighbouring bins only ever get the softer evidence, never override a label.
+        quality_target[spread] = spread_pos[spread] / spread_w[spread]
+        quality_weight[spread] = float(opt["angle_spread_weight"])
+    zl = z_cnt > 0
+    height_target[zl] = np.maximum(z_sum[zl] / z_cnt[zl], MIN_TIP_CLEARANCE)
+    height_weight[zl] = float(opt["label_height_weight"])
+    width_mask = w_cnt > 0
+    width_target = np.where(width_mask, w_sum / np.maximum(w_cnt, 1.0), 0.0).astype(np.float32)
+    return {
+        "quality_target": quality_target,
+        "quality_weight": quality_weight,
+        "dense_negative": dense_negative,
+        "width_target": width_target,
+        "width_mask": width_mask,
+        "height_target": height_target,
+        "height_weight": height_weight,
+        "object_mask": object_mask,
+    }
+
+
+# ----------------------------------------------------------------------------- dataset
+class PolicyFrames(Dataset):
+    """Sim frames in the network view with grasp-map targets (one item per frame).
+
+    Args:
+        root: a rendered dataset folder, or an opened
+            :class:`sim_render.dataset.SimFrameDataset`.
+        view: the network view; ``None`` gives ``network_view(calibration, view_size)``
+            of the dataset's nominal calibration.
+        view_size: ``(W, H)`` when ``view`` is None.
+        angle_bins: ``A``.
+        translator: optional ``(N, H, W, 3) uint8 -> (N, H, W, 3) uint8`` applied to view
+            images (sim -> adapted).
+        targets: target options (:data:`DEFAULT_TARGETS`).
+        indices: the subset of frames to use (``None``: all).
+        cache: keep each frame's preprocessed, translated image and compact labels in
+            memory after the first read (about 100 KB per frame at 128x128).
+
+    Item:
+        ``image`` ``(3, H, W)`` float32 normalised (:func:`to_network_input`); ``view_rgb``
+        ``(H, W, 3)`` uint8; the :func:`build_targets` maps as tensors; ``index`` int.
+    """
+
+    def __init__(
+        self,
+        root: str | Path | Any,
+        view: NetworkView | None = None,
+        view_size: Sequence[int] = (128, 128),
+        angle_bins: int = 12,
+        translator: Translator | None = None,
+        targets: dict | None = None,
+        indices: Sequence[int] | None = None,
+        cache: bool = True,
+    ) -> None:
+        from sim_render.dataset import SimFrameDataset
+
+        self.frames = root if isinstance(root, SimFrameDataset) else SimFrameDataset(root)
+        self.calibration: Calibration = self.frames.calibration
+        self.view = view if view is not None else network_view(self.calibration, tuple(int(v) for v in view_size))
+        self.angle_bins = int(angle_bins)
+        self.translator = translator
+        self.targets = {**DEFAULT_TARGETS, **(dict(targets) if targets else {})}
+        self.indices = np.arange(len(self.frames)) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.cache = bool(cache)
+        self._cache: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_cache"] = {}
+        return state
+
+    def scene_of(self, i: int) -> int:
+        return int(self.frames[int(self.indices[i])]["scene"])
+
+    def compact(self, i: int) -> dict:
+        """The cached per-frame record: view image and view-space labels and maps."""
+        j = int(self.indices[i])
+        rec = self._cache.get(j)
+        if rec is not None:
+            return rec
+        item = self.frames[j]
+        rgb = np.asarray(item["rgb"])
+        h, w = rgb.shape[:2]
+        raw_calib = self.calibration.scaled((w, h))
+        view_rgb = preprocess(rgb, self.calibration, self.view)
+        if self.translator is not None:
+            view_rgb = np.asarray(self.translator(view_rgb[None]), dtype=np.uint8)[0]
+        mx, my, valid = view_grids(raw_calib, self.view)
+        seg_view = _nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
+        surface = surface_height_view(item["depth"], item["camera"], raw_calib, self.view)
+        g = item["grasps"]
+        uv, angle, _ = labels_to_view(g, raw_calib, self.view)
+        rec = {
+            "view_rgb": view_rgb,
+            "seg_view": seg_view,
+            "valid": valid,
+            "surface_z": surface.astype(np.float16),
+            "label_uv": uv.astype(np.float32),
+            "label_angle": np.asarray(angle, dtype=np.float32),
+            "label_success": np.asarray(g["success"], dtype=bool),
+            "label_width": np.asarray(g["width"], dtype=np.float32),
+            "label_z": np.asarray(g["position"], dtype=np.float32).reshape(-1, 3)[:, 2].copy(),
+            "scene": int(item["scene"]),
+        }
+        if self.cache:
+            self._cache[j] = rec
+        return rec
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        rec = self.compact(i)
+        t = build_targets(
+            rec["seg_view"], rec["valid"], rec["surface_z"].astype(np.float32), rec["label_uv"],
+            rec["label_angle"], rec["label_success"], rec["label_width"], rec["label_z"],
+            self.calibration.table_z, self.angle_bins, self.targets,
+        )
+        out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in t.items()}
+        out["image"] = torch.from_numpy(to_network_input(rec["view_rgb"])[0])
+        out["view_rgb"] = torch.from_numpy(np.ascontiguousarray(rec["view_rgb"]))
+        out["index"] = torch.tensor(int(self.indices[i]))
+        return out
+
+
+def split_by_scene(frames: Any, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Train/val frame indices of a :class:`SimFrameDataset`, split by scene (frames of one
+    scene share their labels, so they never straddle the split).
+
+    At least one scene goes to validation when ``val_fraction > 0`` and there are two or more.
+    """
+    scenes = np.array([int(s) for s in _frame_scenes(frames)])
+    uniq = np.unique(scenes)
+    n_val = int(round(val_fraction * len(uniq)))
+    if val_fraction > 0 and len(uniq) > 1:
+        n_val = min(max(n_val, 1), len(uniq) - 1)
+    else:
+        n_val = 0
+    rng = np.random.default_rng(seed)
+    val_scenes = set(rng.permutation(uniq)[:n_val].tolist())
+    is_val = np.array([s in val_scenes for s in scenes], dtype=bool)
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def _frame_scenes(frames: Any) -> list[int]:
+    """Scene index of every frame, from the shard metadata (no image decoding)."""
+    from sim_render.dataset import read_shard_meta
+
+    out: list[int] = []
+    for entry in frames.manifest["shards"]:
+        meta = read_shard_meta(frames.root / "shards" / f"{entry['name']}.npz")
+        out.extend(int(f["scene"]) for f in meta["frames"])
+    if len(out) != len(frames):
+        raise ValueError(f"shard metadata of {frames.root} lists {len(out)} frames, the manifest {len(frames)}")
+    return out
+
+
+def make_policy_datasets(
+    dataset_dirs: Sequence[str | Path],
+    view: NetworkView | None,
+    view_size: Sequence[int],
+    angle_bins: int,
+    translator: Translator | None = None,
+    targets: dict | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    cache: bool = True,
+) -> tuple[Dataset, Dataset | None, NetworkView, Calibration]:
+    """Train and validation datasets over one or more rendered dataset folders.
+
+    All folders must share the nominal calibration (the view is built from it).
+
+    Returns:
+        ``train``, ``val`` (``None`` when empty), the view, the nominal calibration.
+    """
+    from sim_render.dataset import SimFrameDataset
+
+    if not dataset_dirs:
+        raise ValueError("no dataset folders given: render one with sim2real-render first")
+    train_parts, val_parts = [], []
+    calib = None
+    for d in dataset_dirs:
+        frames = SimFrameDataset(d)
+        if calib is None:
+            calib = frames.calibration
+            if view is None:
+                view = network_view(calib, tuple(int(v) for v in view_size))
+        elif not np.allclose(frames.calibration.T_base_camera, calib.T_base_camera) or not np.allclose(
+            frames.calibration.K, calib.K
+        ):
+            raise ValueError(f"dataset {d} was rendered for another calibration than {dataset_dirs[0]}")
+        tr, va = split_by_scene(frames, val_fraction, seed)
+        kw = dict(view=view, angle_bins=angle_bins, translator=translator, targets=targets, cache=cache)
+        train_parts.append(PolicyFrames(frames, indices=tr, **kw))
+        if len(va):
+            val_parts.append(PolicyFrames(frames, indices=va, **kw))
+    train = train_parts[0] if len(train_parts) == 1 else ConcatDataset(train_parts)
+    val = None if not val_parts else (val_parts[0] if len(val_parts) == 1 else ConcatDataset(val_parts))
+    assert view is not None and calib is not None
+    return train, val, view, calib

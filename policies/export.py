@@ -1,0 +1,248 @@
+"""Export the trained policy as the robot-side artifact: ``policy.onnx`` + ``metadata.json``.
+
+The format is the one :mod:`perception.artifact` reads (``format_version`` 1)::
+
+    {"format": "sim2real-grasp-policy", "format_version": 1, "onnx": "policy.onnx",
+     "input": {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
+               "size": [W, H], "mean": [3], "std": [3]},
+     "outputs": {"quality": "quality", "width": "width", "height": "height"},
+     "angle_bins": A, "quality_threshold": 0.5, "view": NetworkView.to_dict(),
+     "calibration": {...}, "training": {...}, "code_version": "..."}
+
+The graph is :class:`policies.networks.ExportWrapper` (quality as probabilities) with a
+dynamic batch dimension. The whole folder is built beside the target and swapped in with
+renames, so a reader never sees a new ONNX file with old metadata; before the swap the
+ONNX graph is run with onnxruntime and compared with torch (max abs difference
+``verify_atol``, 1e-4 by default).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, METADATA_FILE
+from perception.atomic import atomic_write_text
+from perception.calibration import Calibration
+from perception.geometry import NetworkView
+from perception.preprocess import IMAGE_MEAN, IMAGE_STD
+from policies.networks import ExportWrapper, GraspNet
+
+__all__ = ["export_artifact", "export_onnx", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
+
+log = logging.getLogger(__name__)
+
+ONNX_FILE = "policy.onnx"
+OPSET = 18
+
+
+class ExportError(RuntimeError):
+    """The ONNX graph could not be written or does not reproduce the torch network."""
+
+
+def code_version() -> str:
+    """``sim2real-grasp <version>`` plus the git commit when the source is a checkout."""
+    try:
+        from importlib.metadata import version
+
+        ver = version("sim2real-grasp")
+    except Exception:  # not installed
+        ver = "unknown"
+    try:
+        root = Path(__file__).resolve().parents[1]
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"sim2real-grasp {ver}" + (f" ({sha})" if sha else "")
+
+
+def _net_of(module_or_net: nn.Module) -> GraspNet:
+    net = getattr(module_or_net, "net", module_or_net)
+    if not isinstance(net, GraspNet):
+        raise TypeError(f"expected a GraspNet or a module holding one in .net, got {type(module_or_net).__name__}")
+    return net
+
+
+def export_onnx(net: GraspNet, path: Path, size: tuple[int, int]) -> None:
+    """Write ``ExportWrapper(net)`` to ``path`` (input ``image`` ``(N, 3, H, W)``, dynamic ``N``).
+
+    The dynamo exporter (onnx + onnxscript) is tried first, the TorchScript one second.
+    """
+    w, h = size
+    wrapper = ExportWrapper(net).eval().cpu()
+    x = torch.zeros(2, 3, h, w)
+    names = {"input_names": ["image"], "output_names": ["quality", "width", "height"]}
+    errors = []
+    with _Quiet("onnxscript", "onnx_ir", "torch.onnx", "torch.export"):
+        try:
+            batch = torch.export.Dim("N", min=1, max=1024)
+            prog = torch.onnx.export(
+                wrapper, (x,), None, dynamo=True, dynamic_shapes={"image": {0: batch}}, opset_version=OPSET,
+                external_data=False, verbose=False, **names,
+            )
+            prog.save(str(path))
+            return
+        except Exception as exc:  # fall back to the TorchScript exporter
+            errors.append(f"dynamo: {type(exc).__name__}: {exc}")
+        try:
+            torch.onnx.export(
+                wrapper, (x,), str(path), dynamo=False, opset_version=17,
+                dynamic_axes={"image": {0: "N"}, "quality": {0: "N"}, "width": {0: "N"}, "height": {0: "N"}},
+                **names,
+            )
+        except Exception as exc:
+            errors.append(f"torchscript: {type(exc).__name__}: {exc}")
+            raise ExportError("ONNX export failed: " + " | ".join(errors)) from exc
+
+
+class _Quiet:
+    """Raise the level of the exporters' chatty INFO loggers for the duration of an export."""
+
+    def __init__(self, *names: str) -> None:
+        self.loggers = [logging.getLogger(n) for n in names]
+        self.levels: list[int] = []
+
+    def __enter__(self) -> "_Quiet":
+        self.levels = [lg.level for lg in self.loggers]
+        for lg in self.loggers:
+            lg.setLevel(logging.WARNING)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for lg, lvl in zip(self.loggers, self.levels):
+            lg.setLevel(lvl)
+
+
+def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray) -> float:
+    """Largest absolute difference between onnxruntime and torch outputs on ``x`` ``(N, 3, H, W)``."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    got = sess.run(["quality", "width", "height"], {"image": x.astype(np.float32)})
+    with torch.no_grad():
+        want = ExportWrapper(net).eval().cpu()(torch.from_numpy(x.astype(np.float32)))
+    return max(float(np.max(np.abs(g - w.numpy()))) for g, w in zip(got, want))
+
+
+def _cfg_dict(cfg: Any) -> dict:
+    if cfg is None:
+        return {}
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def export_artifact(
+    module_or_net: nn.Module,
+    view: NetworkView,
+    calibration: Calibration,
+    cfg: Any,
+    out_dir: str | Path,
+    training: dict | None = None,
+    verify_atol: float = 1e-4,
+    sample_inputs: np.ndarray | None = None,
+) -> Path:
+    """Write the artifact folder ``out_dir`` (replacing an older one atomically).
+
+    Args:
+        module_or_net: a :class:`GraspNet` or a module holding one as ``.net``.
+        view: the network view the policy was trained in.
+        calibration: the nominal calibration it was trained for.
+        cfg: the policy config (``quality_threshold`` is read from it; the whole resolved
+            config is stored under ``training.config``).
+        out_dir: the artifact folder.
+        training: extra facts stored under ``training`` (metrics, dataset, steps).
+        verify_atol: maximum allowed onnxruntime vs torch difference.
+        sample_inputs: ``(N, 3, H, W)`` inputs for the check (random ones are added).
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ExportError: export failed or onnxruntime disagrees with torch.
+    """
+    net = _net_of(module_or_net)
+    was_training = net.training
+    net.eval()
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    w, h = view.size
+    cfgd = _cfg_dict(cfg)
+    threshold = float(cfgd.get("quality_threshold", 0.5))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        onnx_path = tmp / ONNX_FILE
+        export_onnx(net, onnx_path, (w, h))
+        rng = np.random.default_rng(0)
+        checks = [rng.standard_normal((2, 3, h, w)).astype(np.float32)]
+        if sample_inputs is not None:
+            checks.append(np.asarray(sample_inputs, dtype=np.float32))
+        diff = max(onnx_torch_max_diff(net, onnx_path, x) for x in checks)
+        if not diff <= verify_atol:
+            raise ExportError(f"onnxruntime and torch outputs differ by {diff:.2e} (> {verify_atol:.0e})")
+        meta = {
+            "format": ARTIFACT_FORMAT,
+            "format_version": ARTIFACT_FORMAT_VERSION,
+            "onnx": ONNX_FILE,
+            "input": {
+                "name": "image",
+                "layout": "NCHW",
+                "channels": "RGB",
+                "dtype": "float32",
+                "size": [int(w), int(h)],
+                "mean": list(IMAGE_MEAN),
+                "std": list(IMAGE_STD),
+            },
+            "outputs": {"quality": "quality", "width": "width", "height": "height"},
+            "angle_bins": int(net.angle_bins),
+            "quality_threshold": threshold,
+            "view": view.to_dict(),
+            "calibration": calibration.to_dict(),
+            "training": {**(training or {}), "config": cfgd, "onnx_max_abs_diff": diff},
+            "code_version": code_version(),
+        }
+        atomic_write_text(tmp / METADATA_FILE, json.dumps(meta, indent=1, default=_json_default) + "\n")
+        # mkdtemp/mkstemp make private files; the artifact is meant to be shared.
+        os.chmod(tmp, 0o755)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        net.train(was_training)
+    log.info("exported the policy artifact to %s (onnx vs torch max diff %.1e)", out, diff)
+    return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")

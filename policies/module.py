@@ -1,0 +1,192 @@
+"""The grasp policy's LightningModule: losses, metrics and optimizer around :class:`GraspNet`.
+
+Losses (see ``conf/policy/default.yaml`` ``loss``):
+
+- quality: binary cross-entropy on the labelled (pixel, angle bin) entries, normalised by
+  their weight (``pos_weight`` scales the successes), plus ``dense_negative_weight`` times
+  the mean cross-entropy of the table and bin pixels towards 0 in every bin;
+- height: weighted smooth-L1 (metres, ``beta=0.01``) against the dense height target;
+- width: smooth-L1 on the pixels of successful labels.
+
+Metrics: ``train/loss``, ``train/quality_loss``, ``train/height_loss``, ``train/width_loss``;
+``val/...`` the same plus ``val/label_acc`` (labelled entries classified at 0.5),
+``val/label_pos_recall``, ``val/label_precision``, ``val/height_mae_m`` (object pixels),
+``val/width_mae_m`` and ``val/top1_on_object`` (fraction of frames whose best
+(pixel, bin) lies on an object).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from policies.networks import GraspNet
+
+__all__ = ["GraspPolicyModule", "DEFAULT_LOSS", "grasp_losses"]
+
+DEFAULT_LOSS: dict[str, float] = {
+    "quality_weight": 1.0,
+    "pos_weight": 1.0,
+    "dense_negative_weight": 0.5,
+    "height_weight": 20.0,  # metres are small: 20 x smooth-L1(beta 1 cm) ~ the BCE scale
+    "width_weight": 20.0,
+}
+
+
+def _as_dict(cfg: Any) -> dict:
+    if cfg is None:
+        return {}
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def grasp_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loss_cfg: dict) -> dict[str, torch.Tensor]:
+    """The policy losses of one batch (see the module docstring).
+
+    Args:
+        out: :class:`GraspNet` outputs.
+        batch: :class:`policies.data.PolicyFrames` items, collated.
+        loss_cfg: :data:`DEFAULT_LOSS` keys.
+
+    Returns:
+        ``loss``, ``quality_loss``, ``height_loss``, ``width_loss`` (scalars).
+    """
+    c = {**DEFAULT_LOSS, **loss_cfg}
+    logits = out["quality_logits"]
+    tq, wq = batch["quality_target"], batch["quality_weight"]
+    bce = F.binary_cross_entropy_with_logits(logits, tq, reduction="none")
+    w = wq * (1.0 + (float(c["pos_weight"]) - 1.0) * tq)
+    label_loss = (w * bce).sum() / w.sum().clamp_min(1.0)
+    dense = batch["dense_negative"].unsqueeze(1) & (wq == 0)
+    dense_f = dense.float()
+    dense_loss = (F.softplus(logits) * dense_f).sum() / dense_f.sum().clamp_min(1.0)  # BCE towards 0
+    quality_loss = label_loss + float(c["dense_negative_weight"]) * dense_loss
+
+    hw = batch["height_weight"]
+    h_err = F.smooth_l1_loss(out["height"][:, 0], batch["height_target"], reduction="none", beta=0.01)
+    height_loss = (hw * h_err).sum() / hw.sum().clamp_min(1.0)
+    wm = batch["width_mask"].float()
+    w_err = F.smooth_l1_loss(out["width"][:, 0], batch["width_target"], reduction="none", beta=0.01)
+    width_loss = (wm * w_err).sum() / wm.sum().clamp_min(1.0)
+    loss = (
+        float(c["quality_weight"]) * quality_loss
+        + float(c["height_weight"]) * height_loss
+        + float(c["width_weight"]) * width_loss
+    )
+    return {
+        "loss": loss,
+        "quality_loss": quality_loss,
+        "label_loss": label_loss,
+        "dense_loss": dense_loss,
+        "height_loss": height_loss,
+        "width_loss": width_loss,
+    }
+
+
+class GraspPolicyModule(pl.LightningModule):
+    """Trains :class:`GraspNet` on :class:`policies.data.PolicyFrames` batches.
+
+    Args:
+        network: ``GraspNet`` keyword arguments (``angle_bins``, ``base_channels``, ``dilations``).
+        loss: :data:`DEFAULT_LOSS` overrides.
+        optim: ``lr``, ``weight_decay``, ``scheduler`` (``cosine`` or ``none``), ``max_steps``
+            (the cosine horizon).
+        view: the network view as ``NetworkView.to_dict()`` (saved with the checkpoint so
+            an artifact can be exported from it alone).
+        calibration: the nominal calibration dict (ditto).
+        config: the resolved policy config (saved with the checkpoint).
+    """
+
+    def __init__(
+        self,
+        network: dict | DictConfig | None = None,
+        loss: dict | DictConfig | None = None,
+        optim: dict | DictConfig | None = None,
+        view: dict | None = None,
+        calibration: dict | None = None,
+        config: dict | None = None,
+    ) -> None:
+        super().__init__()
+        network, loss, optim = _as_dict(network), _as_dict(loss), _as_dict(optim)
+        self.save_hyperparameters(
+            {"network": network, "loss": loss, "optim": optim, "view": view, "calibration": calibration,
+             "config": config}
+        )
+        net_kw = dict(network)
+        if "dilations" in net_kw:
+            net_kw["dilations"] = tuple(net_kw["dilations"])
+        self.net = GraspNet(**net_kw)
+        self.loss_cfg = {**DEFAULT_LOSS, **loss}
+        self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **optim}
+
+    @property
+    def angle_bins(self) -> int:
+        return self.net.angle_bins
+
+    def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.net(image)
+
+    # ---------------------------------------------------------------- steps
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self.net(batch["image"])
+        losses = grasp_losses(out, batch, self.loss_cfg)
+        n = batch["image"].shape[0]
+        for k, v in losses.items():
+            self.log(f"train/{k}", v, prog_bar=(k == "loss"), batch_size=n)
+        return losses["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.net(batch["image"])
+        losses = grasp_losses(out, batch, self.loss_cfg)
+        n = batch["image"].shape[0]
+        for k, v in losses.items():
+            self.log(f"val/{k}", v, batch_size=n, prog_bar=(k == "loss"))
+        for k, v in grasp_metrics(out, batch).items():
+            self.log(f"val/{k}", v, batch_size=n)
+
+    def configure_optimizers(self) -> Any:
+        o = self.optim_cfg
+        opt = torch.optim.AdamW(self.parameters(), lr=float(o["lr"]), weight_decay=float(o["weight_decay"]))
+        if str(o.get("scheduler", "none")) != "cosine":
+            return opt
+        total = max(1, int(o["max_steps"]))
+        warm = min(int(o.get("warmup_steps", 20)), total // 5)
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / max(1, warm)
+            t = min(1.0, (step - warm) / max(1, total - warm))
+            return 0.05 + 0.95 * 0.5 * (1.0 + torch.cos(torch.tensor(t * torch.pi)).item())
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+@torch.no_grad()
+def grasp_metrics(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Validation metrics of one batch (see the module docstring)."""
+    prob = torch.sigmoid(out["quality_logits"])
+    wq = batch["quality_weight"] >= 1.0  # the labelled entries themselves, not the angle spread
+    tq = batch["quality_target"] >= 0.5
+    pred = prob >= 0.5
+    n = wq.sum().clamp_min(1)
+    metrics = {"label_acc": ((pred == tq) & wq).sum() / n}
+    pos = tq & wq
+    metrics["label_pos_recall"] = (pred & pos).sum() / pos.sum().clamp_min(1)
+    metrics["label_precision"] = (pred & pos).sum() / (pred & wq).sum().clamp_min(1)
+    obj = batch["object_mask"]
+    h_err = (out["height"][:, 0] - batch["height_target"]).abs()
+    hmask = obj & (batch["height_weight"] > 0)
+    metrics["height_mae_m"] = (h_err * hmask).sum() / hmask.sum().clamp_min(1)
+    wm = batch["width_mask"]
+    metrics["width_mae_m"] = ((out["width"][:, 0] - batch["width_target"]).abs() * wm).sum() / wm.sum().clamp_min(1)
+    N, A, H, W = prob.shape
+    best = prob.reshape(N, -1).argmax(dim=1) % (H * W)
+    on_obj = obj.reshape(N, -1).gather(1, best[:, None])[:, 0]
+    metrics["top1_on_object"] = on_obj.float().mean()
+    return metrics

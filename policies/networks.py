@@ -1,0 +1,116 @@
+"""The grasp network: a small fully convolutional encoder-decoder (GG-CNN-style dense maps).
+
+:class:`GraspNet` maps a normalised view image ``(N, 3, H, W)`` (see
+:func:`perception.preprocess.to_network_input`) to three maps at input resolution:
+
+- ``quality_logits`` ``(N, A, H, W)``: per pixel and image-plane angle bin
+  (:func:`perception.grasp.angle_bin_centers`), the logit of "a top-down grasp centred
+  here, at this angle, succeeds";
+- ``width`` ``(N, 1, H, W)``: the opening, metres, in ``[0, GRIPPER_MAX_WIDTH]``;
+- ``height`` ``(N, 1, H, W)``: the fingertip height above ``table_z``, metres, in
+  ``[0, HEIGHT_MAX]``.
+
+Width and height are bounded by a sigmoid, so the exported graph cannot produce an
+opening the gripper lacks or a height far above the bin. :class:`ExportWrapper` applies
+the sigmoid to the quality logits for the ONNX artifact (outputs ``quality``, ``width``,
+``height``; input ``image``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perception.frames import GRIPPER_MAX_WIDTH
+
+__all__ = ["GraspNet", "ExportWrapper", "HEIGHT_MAX", "count_parameters"]
+
+#: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
+#: objects rest in the bin; fingertips go below the top of the part they close around).
+HEIGHT_MAX = 0.15
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _conv(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=dilation, dilation=dilation, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    )
+
+
+class _Residual(nn.Module):
+    """Two 3x3 convolutions with a skip; dilation widens the receptive field cheaply."""
+
+    def __init__(self, ch: int, dilation: int) -> None:
+        super().__init__()
+        self.a = _conv(ch, ch, dilation=dilation)
+        self.b = nn.Sequential(
+            nn.Conv2d(ch, ch, 3, padding=dilation, dilation=dilation, bias=False), nn.BatchNorm2d(ch)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.b(self.a(x)))
+
+
+class GraspNet(nn.Module):
+    """U-Net-like grasp network (about 0.27M parameters at ``base_channels=16``).
+
+    Args:
+        angle_bins: number of image-plane angle bins ``A``.
+        base_channels: channels at full resolution; 2x and 4x at 1/2 and 1/4.
+        dilations: dilations of the residual blocks at 1/4 resolution (receptive field).
+
+    Shape:
+        input ``(N, 3, H, W)`` float32 (any ``H, W``; multiples of 4 avoid resampling
+        seams); outputs ``quality_logits (N, A, H, W)``, ``width (N, 1, H, W)`` metres,
+        ``height (N, 1, H, W)`` metres above the table.
+    """
+
+    def __init__(self, angle_bins: int = 12, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
+        super().__init__()
+        c = int(base_channels)
+        self.angle_bins = int(angle_bins)
+        self.stem = nn.Sequential(_conv(3, c), _conv(c, c))
+        self.down1 = nn.Sequential(_conv(c, 2 * c, stride=2), _conv(2 * c, 2 * c))
+        self.down2 = nn.Sequential(_conv(2 * c, 4 * c, stride=2), _conv(4 * c, 4 * c))
+        self.mid = nn.Sequential(*[_Residual(4 * c, int(d)) for d in dilations])
+        self.up1 = nn.Sequential(_conv(6 * c, 2 * c), _conv(2 * c, 2 * c))
+        self.up2 = _conv(3 * c, c)
+        self.head = nn.Conv2d(c, self.angle_bins + 2, 1)
+        # Start pessimistic: most pixels are not graspable (stabilises the first steps).
+        with torch.no_grad():
+            self.head.bias[: self.angle_bins].fill_(-2.0)
+            self.head.bias[self.angle_bins :].zero_()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        f1 = self.stem(x)
+        f2 = self.down1(f1)
+        f3 = self.mid(self.down2(f2))
+        u = F.interpolate(f3, size=f2.shape[-2:], mode="bilinear", align_corners=False)
+        u = self.up1(torch.cat([u, f2], dim=1))
+        u = F.interpolate(u, size=f1.shape[-2:], mode="bilinear", align_corners=False)
+        u = self.up2(torch.cat([u, f1], dim=1))
+        out = self.head(u)
+        A = self.angle_bins
+        return {
+            "quality_logits": out[:, :A],
+            "width": GRIPPER_MAX_WIDTH * torch.sigmoid(out[:, A : A + 1]),
+            "height": HEIGHT_MAX * torch.sigmoid(out[:, A + 1 : A + 2]),
+        }
+
+
+class ExportWrapper(nn.Module):
+    """The deployed graph: ``image -> (quality, width, height)`` with quality a probability."""
+
+    def __init__(self, net: GraspNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.net(image)
+        return torch.sigmoid(out["quality_logits"]), out["width"], out["height"]

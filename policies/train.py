@@ -1,0 +1,230 @@
+"""Training the grasp policy: :func:`train_policy` (in-process) and ``sim2real-train-policy``.
+
+    sim2real-train-policy dataset_dirs=[DIR,...] output_dir=DIR [translator=GEN] [policy.max_steps=N]
+
+Writes into ``output_dir``: ``policy.ckpt`` (weights + the resolved config in its
+hyperparameters; ``GraspPolicyModule.load_from_checkpoint`` restores it), ``config.yaml``,
+``checkpoints/last.ckpt`` (resume with ``resume=...``), ``logs/metrics.csv`` (``train/...``,
+``val/...``), ``artifact/`` (``policy.onnx`` + ``metadata.json``, see :mod:`policies.export`)
+and ``train_summary.json`` (what :func:`train_policy` returns).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from perception.atomic import atomic_write_text
+from policies.data import Translator, make_policy_datasets
+from policies.module import GraspPolicyModule
+
+__all__ = ["train_policy", "policy_config", "main"]
+
+log = logging.getLogger(__name__)
+
+
+def policy_config(cfg: DictConfig | dict) -> DictConfig:
+    """The ``policy`` node of a ``train_policy`` config, or ``cfg`` itself when it is one."""
+    cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    return cfg.policy if "policy" in cfg else cfg
+
+
+def _float_metrics(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def train_policy(
+    cfg: DictConfig | dict,
+    dataset_dirs: Sequence[str | Path],
+    output_dir: str | Path,
+    translator: Translator | None = None,
+    resume: str | Path | None = None,
+    export: bool = True,
+    fast_dev_run: bool | int = False,
+    seed: int | None = None,
+    callbacks: Sequence[pl.Callback] = (),
+) -> dict:
+    """Train the policy with a Lightning ``Trainer``, save it, and export the artifact.
+
+    Args:
+        cfg: the policy config (``conf/policy/*.yaml``) or a whole ``train_policy`` config.
+        dataset_dirs: rendered dataset folders (one nominal calibration).
+        output_dir: where everything goes (see the module docstring).
+        translator: ``(N, H, W, 3) uint8 -> uint8`` on view images (sim -> adapted); ``None``
+            trains on the sim frames as rendered (the ``adaptation=none`` ablation).
+        resume: a Lightning checkpoint to continue from.
+        export: write ``output_dir/artifact``.
+        fast_dev_run: Lightning's smoke-test mode (one batch of each).
+        seed: overrides ``cfg.seed`` (default 0).
+        callbacks: extra Lightning callbacks.
+
+    Returns:
+        ``checkpoint``, ``artifact`` (or ``None``), ``config``, ``metrics`` (final ``val/...``,
+        last ``train/...``), ``global_step``, ``train_time_s``, ``n_train_frames``,
+        ``n_val_frames``, ``view``, ``device``.
+    """
+    full = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    pcfg = policy_config(full)
+    if seed is None:
+        seed = int(full.get("seed", 0) or 0)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if pcfg.get("num_threads"):
+        torch.set_num_threads(int(pcfg.num_threads))
+    pl.seed_everything(int(seed), workers=True, verbose=False)
+
+    view_size = tuple(int(v) for v in pcfg.view_size)
+    angle_bins = int(pcfg.angle_bins)
+    train_ds, val_ds, view, calib = make_policy_datasets(
+        [str(d) for d in dataset_dirs], None, view_size, angle_bins, translator,
+        OmegaConf.to_container(pcfg.targets, resolve=True), float(pcfg.val_fraction), int(seed),
+        bool(pcfg.get("cache", True)),
+    )
+    if len(train_ds) == 0:
+        raise ValueError(f"no training frames in {list(dataset_dirs)}")
+    bs = int(pcfg.batch_size)
+    nw = int(pcfg.get("num_workers", 0))
+    loader_kw = {"num_workers": nw, "persistent_workers": nw > 0}
+    train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs, **loader_kw)
+    val_loader = DataLoader(val_ds, batch_size=bs, shuffle=False, **loader_kw) if val_ds is not None else None
+
+    pcfg_dict = OmegaConf.to_container(pcfg, resolve=True)
+    module = GraspPolicyModule(
+        network={"angle_bins": angle_bins, **OmegaConf.to_container(pcfg.network, resolve=True)},
+        loss=OmegaConf.to_container(pcfg.loss, resolve=True),
+        optim={**OmegaConf.to_container(pcfg.optim, resolve=True), "max_steps": int(pcfg.max_steps)},
+        view=view.to_dict(),
+        calibration=calib.to_dict(),
+        config={"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
+                "translator": None if translator is None else repr(translator)},
+    )
+
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.loggers import CSVLogger
+
+    val_every = int(pcfg.val_every_n_steps)
+    ckpt_cb = ModelCheckpoint(
+        dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
+        save_last=True, save_top_k=1, every_n_train_steps=val_every,
+    )
+    max_time = None
+    if pcfg.get("max_time_s"):
+        max_time = datetime.timedelta(seconds=float(pcfg.max_time_s))
+    trainer = pl.Trainer(
+        default_root_dir=str(out),
+        max_steps=int(pcfg.max_steps),
+        max_epochs=-1,
+        max_time=max_time,
+        accelerator=str(pcfg.accelerator),
+        devices=pcfg.devices,
+        precision=pcfg.precision,
+        logger=CSVLogger(str(out), name="logs", version=""),
+        callbacks=[ckpt_cb, *callbacks],
+        val_check_interval=val_every if val_loader is not None else None,
+        check_val_every_n_epoch=None,
+        limit_val_batches=pcfg.limit_val_batches if val_loader is not None else 0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=int(pcfg.log_every_n_steps),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        fast_dev_run=fast_dev_run,
+        deterministic=False,
+    )
+    t0 = time.perf_counter()
+    trainer.fit(module, train_loader, val_loader, ckpt_path=str(resume) if resume else None)
+    train_time = time.perf_counter() - t0
+    metrics = {k: v for k, v in _float_metrics(trainer.callback_metrics).items() if k.startswith("train/")}
+    if val_loader is not None:
+        res = trainer.validate(module, val_loader, verbose=False)
+        metrics.update(_float_metrics(res[0] if res else {}))
+
+    ckpt_path = out / "policy.ckpt"
+    trainer.save_checkpoint(str(ckpt_path), weights_only=False)
+    config_path = out / "config.yaml"
+    atomic_write_text(config_path, OmegaConf.to_yaml(full, resolve=True))
+    summary: dict[str, Any] = {
+        "checkpoint": str(ckpt_path),
+        "artifact": None,
+        "config": str(config_path),
+        "metrics": metrics,
+        "global_step": int(trainer.global_step),
+        "train_time_s": train_time,
+        "n_train_frames": len(train_ds),
+        "n_val_frames": 0 if val_ds is None else len(val_ds),
+        "view": view.to_dict(),
+        "device": str(module.device),
+        "adapted": translator is not None,
+    }
+    if export:
+        from policies.export import export_artifact
+
+        sample = next(iter(val_loader if val_loader is not None else train_loader))["image"][:2].numpy()
+        art = export_artifact(
+            module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample,
+            training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
+                                              "n_val_frames", "adapted")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
+        )
+        summary["artifact"] = str(art)
+    atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1, default=_jsonable) + "\n")
+    return summary
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    return str(o)
+
+
+def load_translator(path: str | Path) -> Translator:
+    """The sim->real generator at ``path`` as a data-loader translator."""
+    from adaptation.translate import Translator as _Translator
+
+    return _Translator(str(path))
+
+
+@hydra.main(config_path="pkg://conf", config_name="train_policy", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from perception.calibration import CalibrationError
+
+    logging.basicConfig(level=logging.INFO)
+    try:
+        dirs = list(cfg.dataset_dirs) if cfg.dataset_dirs else []
+        if isinstance(cfg.dataset_dirs, str):
+            dirs = [cfg.dataset_dirs]
+        if not dirs:
+            raise ValueError("dataset_dirs is empty: give dataset_dirs=[DIR,...] (sim2real-render output folders)")
+        translator = load_translator(cfg.translator) if cfg.translator else None
+        summary = train_policy(
+            cfg, dirs, cfg.output_dir, translator, resume=cfg.resume, export=bool(cfg.export),
+            fast_dev_run=bool(cfg.fast_dev_run), seed=int(cfg.seed),
+        )
+    except (CalibrationError, ValueError, OSError) as exc:
+        print(f"sim2real-train-policy: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    m = summary["metrics"]
+    shown = {k: round(v, 4) for k, v in m.items() if k.startswith("val/")}
+    print(f"trained {summary['global_step']} steps in {summary['train_time_s']:.0f} s; {shown}")
+    print(f"checkpoint {summary['checkpoint']}; artifact {summary['artifact']}")
+
+
+def main() -> None:
+    _hydra_main()

@@ -1,0 +1,89 @@
+"""Python API over the render CLI, for the pipeline, tests and notebooks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+__all__ = ["compose_config", "render_config", "render_dataset", "export_real_frames"]
+
+
+def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose one of the packaged configs (``conf/*.yaml``) with Hydra overrides."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name=config_name, overrides=list(overrides))
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def render_config(
+    output_dir: str | Path,
+    n_scenes: int,
+    profile: str = "randomized",
+    seed: int = 0,
+    calibration: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    workers: int = 1,
+) -> DictConfig:
+    """The config that ``sim2real-render`` would run for these arguments."""
+    args = [
+        f"render={profile}",
+        f"output_dir={Path(output_dir).as_posix()}",
+        f"n_scenes={int(n_scenes)}",
+        f"seed={int(seed)}",
+        f"workers={int(workers)}",
+    ]
+    if calibration is not None:
+        args.append(f"calibration={Path(calibration).as_posix()}")
+    return compose_config("render", [*args, *overrides])
+
+
+def render_dataset(
+    output_dir: str | Path,
+    n_scenes: int,
+    profile: str = "randomized",
+    seed: int = 0,
+    calibration: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    workers: int = 1,
+) -> dict:
+    """Render (or resume) a dataset; returns its manifest."""
+    from sim_render.cli import render
+
+    cfg = render_config(output_dir, n_scenes, profile, seed, calibration, overrides, workers)
+    return render(cfg)
+
+
+def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple[int, int] | None = None) -> list[Path]:
+    """Write a dataset's raw frames as PNG files, like a folder of camera photos.
+
+    The project's stand-in for real frames (contract section 4) is the ``target``
+    profile rendered this way: unlabeled images at the calibration's ``image_size``.
+    """
+    from sim_render.dataset import SimFrameDataset
+
+    ds = SimFrameDataset(dataset_dir, fields=("rgb",))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    size = tuple(size) if size is not None else tuple(ds.calibration.image_size)
+    paths = []
+    for i in range(len(ds)):
+        rgb = ds[i]["rgb"]
+        if (rgb.shape[1], rgb.shape[0]) != size:
+            rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_LINEAR)
+        path = out / f"frame_{i:05d}.png"
+        ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+        if not ok:
+            raise OSError(f"could not encode {path}")
+        from perception.atomic import atomic_write_bytes
+
+        atomic_write_bytes(path, buf.tobytes())
+        paths.append(path)
+    return paths

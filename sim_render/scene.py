@@ -1,0 +1,224 @@
+"""One scene, end to end: objects dropped, grasps executed, frames rendered.
+
+:class:`SceneRenderer` is the per-worker callable behind ``sim2real-render``: scene
+``i`` draws all of its randomness from ``SeedSequence([seed, i])`` (split into
+independent streams for objects, physics, grasps and visuals), so the data never
+depends on how many workers or jobs made it, and a sample can be replayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from perception.calibration import Calibration
+from perception.geometry import project_points
+from perception.grasp import normalize_angle
+from sim_render.cell import Cell
+from sim_render.dataset import FrameRecord, GraspLabels
+from sim_render.gripper import FloatingHand, GraspTiming
+from sim_render.labels import LabelledGrasp, heuristic_candidates, label_grasps, random_candidates
+from sim_render.objects import object_urdfs
+
+__all__ = ["SceneRenderer", "SEG_BACKGROUND", "SEG_BIN", "SEG_DISTRACTOR", "SEG_OBJECT0", "render_size"]
+
+#: Segmentation labels stored with every frame (see docs/dataset.md).
+SEG_BACKGROUND, SEG_BIN, SEG_DISTRACTOR, SEG_OBJECT0 = 0, 1, 2, 3
+#: Streams spawned from a scene's SeedSequence, in this order.
+_STREAMS = ("objects", "physics", "grasps", "visuals")
+
+
+def render_size(calib: Calibration, scale: float) -> tuple[int, int]:
+    """Raw frame size rendered for ``scale`` of the calibration's ``image_size``."""
+    return max(8, round(calib.width * scale)), max(8, round(calib.height * scale))
+
+
+def scene_streams(seed: int, scene: int) -> dict[str, np.random.Generator]:
+    """Independent generators of one scene, from ``SeedSequence([seed, scene])``."""
+    children = np.random.SeedSequence([int(seed), int(scene)]).spawn(len(_STREAMS))
+    return {name: np.random.default_rng(ss) for name, ss in zip(_STREAMS, children)}
+
+
+def project_labels(
+    labels: list[LabelledGrasp], camera: Calibration
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw-pixel centre ``(G, 2)``, image-plane angle ``(G,)`` and width in px of grasps."""
+    if not labels:
+        return np.zeros((0, 2)), np.zeros(0), np.zeros(0)
+    centers = np.array([lg.grasp.position for lg in labels])
+    tips = np.concatenate([lg.grasp.fingertips() for lg in labels])  # (2G, 3)
+    uv = project_points(np.concatenate([centers, tips]), camera)
+    c, t = uv[: len(labels)], uv[len(labels) :].reshape(-1, 2, 2)
+    line = t[:, 1] - t[:, 0]
+    return c, normalize_angle(np.arctan2(line[:, 1], line[:, 0])), np.linalg.norm(line, axis=1)
+
+
+class SceneRenderer:
+    """Picklable per-worker renderer; the PyBullet client is created lazily.
+
+    Args:
+        calib: the nominal (user's) calibration: the twin's camera and cell.
+        cfg: the ``render`` profile config (``conf/render/*.yaml``).
+        seed: the dataset seed.
+    """
+
+    def __init__(self, calib: Calibration | dict, cfg: DictConfig | dict, seed: int) -> None:
+        self.calib_dict = calib.to_dict() if isinstance(calib, Calibration) else dict(calib)
+        self.cfg_dict = (
+            OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+        )
+        self.seed = int(seed)
+        self._state: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"calib_dict": self.calib_dict, "cfg_dict": self.cfg_dict, "seed": self.seed, "_state": None}
+
+    # ---------------------------------------------------------------- set-up
+    @property
+    def cfg(self) -> DictConfig:
+        return OmegaConf.create(self.cfg_dict)
+
+    def _setup(self) -> dict[str, Any]:
+        if self._state is None:
+            calib = Calibration.from_dict(self.calib_dict)
+            cfg = self.cfg
+            cell = Cell(calib, cfg.physics.timestep, cfg.physics.solver_iterations)
+            g = cfg.grasps
+            self._state = {
+                "calib": calib,
+                "cfg": cfg,
+                "cell": cell,
+                "hand": FloatingHand(cell),
+                "urdfs": object_urdfs(cfg.object_split),
+                "timing": GraspTiming(g.descend_steps, g.close_steps, g.lift_steps, g.hold_steps),
+                "size": render_size(calib, cfg.resolution_scale),
+            }
+        return self._state
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state["cell"].close()
+            self._state = None
+
+    def reset_world(self) -> None:
+        """A fresh world for every scene, so a scene never depends on the ones before."""
+        from sim_render.textures import texture_pool
+
+        st = self._setup()
+        st["cell"].reset()
+        texture_pool(st["cell"].client).clear()  # texture ids died with the world
+        st["hand"] = FloatingHand(st["cell"])
+
+    # ---------------------------------------------------------------- physics
+    def build_scene(self, scene: int) -> tuple[dict[str, np.random.Generator], dict]:
+        """Drop the scene's objects and apply its physics; returns streams and params."""
+        from sim_render.randomization import sample_physics
+
+        st = self._setup()
+        cfg, cell = st["cfg"], st["cell"]
+        rngs = scene_streams(self.seed, scene)
+        lo, hi = cfg.objects_per_scene
+        self.reset_world()
+        ids: list[int] = []
+        for _attempt in range(5):
+            n = int(rngs["objects"].integers(lo, hi + 1))
+            picks = rngs["objects"].choice(len(st["urdfs"]), size=n, replace=False)
+            ids = cell.drop_objects(
+                [st["urdfs"][k] for k in picks], rngs["objects"], cfg.physics.settle_steps
+            )
+            if ids:
+                break
+            cell.clear_objects()
+        physics = sample_physics(rngs["physics"], cfg.physics, len(ids))
+        cell.apply_physics(physics)
+        st["hand"].set_friction(physics["finger_friction"])
+        cell.settle(cfg.physics.settle_steps // 4)
+        params = {
+            "objects": [str(u).split("random_urdfs/")[-1] for u in cell.bodies.object_urdfs],
+            "physics": physics,
+        }
+        return rngs, params
+
+    def label_scene(self, rngs: dict[str, np.random.Generator], physics: dict) -> list[LabelledGrasp]:
+        st = self._setup()
+        cfg, cell = st["cfg"], st["cell"]
+        hmap = cell.height_map()
+        cands = heuristic_candidates(cell, hmap, cfg.grasps.n_heuristic, rngs["grasps"])
+        cands += random_candidates(cell, hmap, cfg.grasps.n_random, rngs["grasps"])
+        return label_grasps(cell, st["hand"], cands, float(physics["gripper_force"]), st["timing"])
+
+    # ---------------------------------------------------------------- visuals
+    def render_frames(
+        self, scene: int, rngs: dict[str, np.random.Generator], params: dict, labels: list[LabelledGrasp]
+    ) -> list[FrameRecord]:
+        from sim_render.camera import render_camera
+        from sim_render.randomization import add_distractors, apply_visuals, sample_camera, sample_lighting
+        from sim_render.sensor import apply_sensor
+
+        st = self._setup()
+        cfg, cell, calib = st["cfg"], st["cell"], st["calib"]
+        rng = rngs["visuals"]
+        frames = []
+        grasp_arrays = {
+            "position": np.array([lg.grasp.position for lg in labels], dtype=np.float32).reshape(-1, 3),
+            "yaw": np.array([lg.grasp.yaw for lg in labels], dtype=np.float32),
+            "width": np.array([lg.grasp.width for lg in labels], dtype=np.float32),
+            "success": np.array([lg.success for lg in labels], dtype=bool),
+            "object": np.array([lg.lifted_object for lg in labels], dtype=np.int16),
+            "source": np.array([lg.source for lg in labels], dtype=np.uint8),
+        }
+        for _ in range(int(cfg.frames_per_scene)):
+            for body in cell.bodies.distractors:
+                cell.client.removeBody(body)
+            visuals = apply_visuals(cell.client, cell.bodies, rng, cfg)
+            cell.bodies.distractors = add_distractors(cell.client, calib, rng, cfg)
+            lighting = sample_lighting(rng, cfg)
+            camera, camera_params = sample_camera(calib, rng, cfg.camera)
+            camera = camera.scaled(st["size"])
+            rgb, depth, seg_raw = render_camera(
+                cell.client, camera, cfg.render_margin, cfg.renderer, lighting
+            )
+            rgb, sensor_params = apply_sensor(rgb, rng, cfg.sensor)
+            uv, angle, width_px = project_labels(labels, camera)
+            frames.append(
+                FrameRecord(
+                    rgb=rgb,
+                    depth=depth,
+                    seg=self.segmentation(seg_raw),
+                    camera=camera,
+                    params={
+                        **params,
+                        "visuals": visuals,
+                        "lighting": lighting,
+                        "camera": camera_params,
+                        "sensor": sensor_params,
+                    },
+                    grasps=GraspLabels(
+                        pixel=uv.astype(np.float32),
+                        image_angle=angle.astype(np.float32),
+                        image_width=width_px.astype(np.float32),
+                        **grasp_arrays,
+                    ),
+                    scene=scene,
+                )
+            )
+        return frames
+
+    def segmentation(self, seg_raw: np.ndarray) -> np.ndarray:
+        """Map PyBullet body ids to the dataset's labels (see docs/dataset.md)."""
+        b = self._setup()["cell"].bodies
+        lut = {b.table: SEG_BACKGROUND}
+        lut.update({w: SEG_BIN for w in b.bin_walls})
+        lut.update({d: SEG_DISTRACTOR for d in b.distractors})
+        lut.update({o: SEG_OBJECT0 + i for i, o in enumerate(b.objects)})
+        out = np.zeros(seg_raw.shape, dtype=np.uint8)
+        for body, label in lut.items():
+            out[seg_raw == body] = label
+        return out
+
+    def __call__(self, scene: int) -> list[FrameRecord]:
+        rngs, params = self.build_scene(scene)
+        labels = self.label_scene(rngs, params["physics"])
+        return self.render_frames(scene, rngs, params, labels)

@@ -1,0 +1,185 @@
+"""Artifact loading, the policy runner and grasp decoding."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perception.artifact import ArtifactError, PolicyRunner, calibration_drift, load_metadata
+from perception.decode import decode_grasp, grasp_in_workspace
+from perception.frames import GRIPPER_MAX_WIDTH
+from perception.geometry import project_points
+from perception.grasp import normalize_angle
+from perception.testing import make_test_artifact, make_test_frame
+
+
+def test_metadata_round_trip(artifact_dir, calib):
+    meta = load_metadata(artifact_dir)
+    assert meta.input_name == "image" and meta.angle_bins == 8
+    assert meta.view.size == meta.input_size
+    assert meta.calibration.digest() == calib.digest()
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda m: m.update(format="pickle"), "format"),
+        (lambda m: m.update(format_version=2), "format_version"),
+        (lambda m: m.update(onnx="../policy.onnx"), "plain"),
+        (lambda m: m["input"].update(channels="BGR"), "channels"),
+        (lambda m: m.pop("angle_bins"), "angle_bins"),
+        (lambda m: m["view"].update(size=[10, 10]), "view.size"),
+        (lambda m: m["calibration"].pop("K"), "'K'"),
+    ],
+)
+def test_bad_metadata_is_refused(tmp_path, artifact_dir, mutate, message):
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    mutate(meta)
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match=message):
+        load_metadata(d)
+
+
+def test_missing_artifact(tmp_path):
+    with pytest.raises(ArtifactError, match="not found"):
+        load_metadata(tmp_path / "nope")
+    with pytest.raises(ArtifactError, match="metadata.json"):
+        load_metadata(tmp_path)
+
+
+def test_runner_output_shapes_and_peak(artifact_dir, calib):
+    runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
+    maps = runner.infer(make_test_frame(calib))
+    A, (W, H) = runner.meta.angle_bins, runner.meta.input_size
+    assert maps.quality.shape == (A, H, W) and maps.quality.dtype == np.float32
+    assert maps.width.shape == (H, W) and maps.height.shape == (H, W)
+    assert np.all((maps.quality >= 0) & (maps.quality <= 1))
+    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, 0.5)
+    assert dec.grasp is not None
+    # The synthetic prior peaks at (0.5, 0.05) on the table, 2 cm up.
+    assert dec.grasp.position[0] == pytest.approx(0.5, abs=0.01)
+    assert dec.grasp.position[1] == pytest.approx(0.05, abs=0.01)
+    assert dec.grasp.position[2] == pytest.approx(0.02, abs=1e-4)
+    assert dec.grasp.width == pytest.approx(0.05, abs=1e-6)
+    # Yaw within half an angle bin of the peak's 0.3 rad.
+    assert abs(normalize_angle(dec.grasp.yaw - 0.3)) <= math.pi / 8 / 2 + 0.05
+    # pixel is the position projected through the calibration (cv2.projectPoints).
+    np.testing.assert_allclose(dec.pixel, project_points(np.array([dec.grasp.position]), calib)[0])
+
+
+def test_runner_refuses_other_image_size(artifact_dir, calib):
+    other = calib.scaled((320, 240))
+    with pytest.raises(ArtifactError, match="image_size is 320x240"):
+        PolicyRunner(artifact_dir, other)
+
+
+def test_drift_warnings(calib):
+    K = calib.K.copy()
+    K[0, 0] *= 1.05
+    T = calib.T_base_camera.copy()
+    T[0, 3] += 0.03
+    warnings = calibration_drift(calib, calib.replace(K=K, T_base_camera=T))
+    assert any("fx" in w for w in warnings) and any("moved 30.0 mm" in w for w in warnings)
+    assert calibration_drift(calib, calib) == []
+
+
+def test_threshold_and_workspace(artifact_dir, calib):
+    runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
+    m = runner.infer(make_test_frame(calib))
+    dec = decode_grasp(m.quality, m.width, m.height, calib, runner.view, 0.99)
+    assert dec.grasp is None and dec.pixel is None and "threshold" in dec.reason
+    # A quality map whose only good pixels lie outside the workspace gives no grasp.
+    q = np.zeros_like(m.quality)
+    q[:, 0, 0] = 1.0  # the view's corner is outside the workspace (margin around it)
+    dec = decode_grasp(q, m.width, m.height, calib, runner.view, 0.5)
+    assert dec.grasp is None and "workspace" in dec.reason
+
+
+def test_nan_maps_never_give_a_grasp(artifact_dir, calib):
+    meta = load_metadata(artifact_dir)
+    W, H = meta.input_size
+    q = np.full((8, H, W), np.nan, dtype=np.float32)
+    dec = decode_grasp(q, np.zeros((H, W)), np.zeros((H, W)), calib, meta.view, 0.0)
+    assert dec.grasp is None
+    q = np.ones((8, H, W), dtype=np.float32)
+    dec = decode_grasp(q, np.full((H, W), np.nan), np.zeros((H, W)), calib, meta.view, 0.0)
+    assert dec.grasp is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    threshold=st.floats(0.0, 1.0),
+    margin=st.sampled_from([0.0, 0.01, 0.05]),
+    scale=st.sampled_from([0.01, 0.1, 1.0, 10.0]),
+    angle_bins=st.sampled_from([1, 6, 12]),
+)
+def test_decode_property_never_outside_workspace(calib, seed, threshold, margin, scale, angle_bins):
+    """Over random maps, a returned grasp is always inside the workspace, with a
+    normalised yaw and an opening the gripper can make."""
+    from perception.geometry import network_view
+
+    view = network_view(calib, (40, 32))
+    rng = np.random.default_rng(seed)
+    q = rng.random((angle_bins, 32, 40)).astype(np.float32)
+    width = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
+    height = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
+    dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin)
+    if dec.grasp is None:
+        assert dec.reason
+        return
+    g = dec.grasp
+    x, y, z = g.position
+    assert calib.workspace_x[0] + margin <= x <= calib.workspace_x[1] - margin
+    assert calib.workspace_y[0] + margin <= y <= calib.workspace_y[1] - margin
+    assert -math.pi / 2 < g.yaw <= math.pi / 2
+    assert 0.0 <= g.width <= GRIPPER_MAX_WIDTH
+    assert z >= calib.table_z
+    assert g.quality >= threshold - 1e-6
+    assert grasp_in_workspace(g, calib, margin)
+
+
+def test_decode_is_fast(calib):
+    import time
+
+    from perception.geometry import network_view
+
+    view = network_view(calib, (224, 224))
+    rng = np.random.default_rng(0)
+    q = rng.random((16, 224, 224)).astype(np.float32)
+    w = np.full((224, 224), 0.05, np.float32)
+    h = np.full((224, 224), 0.02, np.float32)
+    decode_grasp(q, w, h, calib, view, 0.0)
+    t = time.perf_counter()
+    for _ in range(5):
+        decode_grasp(q, w, h, calib, view, 0.0)  # every pixel is a candidate
+    assert (time.perf_counter() - t) / 5 < 0.1
+
+
+def test_perception_imports_no_torch():
+    """The robot side never imports torch (nor PyBullet), directly or through imports."""
+    code = (
+        "import sys, perception.artifact, perception.decode, perception.service, perception.cameras, "
+        "perception.calibrate, perception.capture, perception.loop, perception.robots, perception.imageio; "
+        "bad = [m for m in ('torch', 'pybullet', 'lightning', 'pytorch_lightning', 'kornia') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_conv_artifact_runs(tmp_path, calib):
+    d = make_test_artifact(tmp_path / "conv", conv_channels=8, view_size=(64, 48))
+    runner = PolicyRunner(d, intra_op_num_threads=1)
+    m = runner.infer(make_test_frame(calib))
+    assert m.quality.shape == (8, 48, 64)

@@ -1,0 +1,76 @@
+"""The robot-side install: a fresh venv with only requirements-robot.txt and the project
+without its training dependencies imports and serves (slow tier: it installs packages)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from perception.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _copy_source(dst: Path) -> Path:
+    keep = ["pyproject.toml", "requirements-robot.txt", "perception", "conf", "sim_render", "adaptation", "policies"]
+    dst.mkdir(parents=True)
+    for name in keep:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dst / name)
+    readme = dst / "README.md"
+    if not readme.exists():
+        readme.write_text("sim2real-grasp\n")
+    return dst
+
+
+@pytest.mark.slow
+def test_minimal_robot_venv_serves(tmp_path, artifact_dir, png_bytes):
+    src = _copy_source(tmp_path / "src")
+    venv = tmp_path / "robot-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-r", str(src / "requirements-robot.txt")], check=True, timeout=900, env=env)
+    subprocess.run([*pip, "--no-deps", str(src)], check=True, timeout=600, env=env)
+    # Nothing of the training stack is installed, and the robot side imports without it.
+    code = ("import importlib.util as u, sys, perception.service, perception.loop, perception.calibrate, "
+            "perception.capture, perception.cameras; "
+            "assert u.find_spec('torch') is None and u.find_spec('pybullet') is None, 'training stack present'; "
+            "assert 'torch' not in sys.modules; print('ok')")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    port = free_port()
+    proc = subprocess.Popen([str(venv / "bin" / "sim2real-serve"), f"artifact={artifact_dir}", f"port={port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "service did not start"
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/grasp", content=png_bytes, headers={"Content-Type": "image/png"}, timeout=30)
+        assert r.status_code == 200 and r.json()["grasp"] is not None
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
