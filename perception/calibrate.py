@@ -1,7 +1,8 @@
 """``sim2real-calibrate``: camera intrinsics and the eye-to-hand camera pose.
 
 - ``sim2real-calibrate intrinsics images=DIR board.cols=9 board.rows=6 board.square=0.025 out=FILE``:
-  checkerboard images -> ``K``, ``dist`` and the RMS reprojection error (``cv2.calibrateCamera``).
+  checkerboard (or ``board.kind=charuco``) images -> ``K``, ``dist`` and the RMS reprojection
+  error (``cv2.calibrateCamera``).
 - ``sim2real-calibrate handeye calibration=FILE poses=FILE images=DIR out=FILE``: robot poses of a
   checkerboard held by the gripper plus the camera's view of it -> ``T_base_camera``
   (``cv2.calibrateHandEye`` for an eye-to-hand camera).
@@ -38,6 +39,7 @@ __all__ = [
     "Board",
     "CalibrationFitError",
     "detect_board",
+    "detect_board_ids",
     "board_pose",
     "calibrate_intrinsics",
     "calibrate_handeye",
@@ -62,15 +64,34 @@ class CalibrationFitError(RuntimeError):
 
 @dataclass(frozen=True)
 class Board:
-    """A checkerboard: ``cols`` x ``rows`` inner corners, ``square`` metres."""
+    """A calibration board: ``cols`` x ``rows`` *inner* corners, ``square`` metres.
+
+    ``kind`` is ``"checkerboard"`` or ``"charuco"`` (ArUco markers of ``marker`` metres from
+    ``dictionary`` in the white squares, so partly visible boards still give corners
+    with known identities). Corner ``k`` of :meth:`object_points` is ChArUco id ``k``.
+    """
 
     cols: int = 9
     rows: int = 6
     square: float = 0.025
+    kind: str = "checkerboard"
+    marker: float = 0.018
+    dictionary: str = "DICT_4X4_50"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("checkerboard", "charuco"):
+            raise ValueError(f"unknown board kind {self.kind!r}; known: checkerboard, charuco")
+        if self.kind == "charuco" and not 0 < self.marker < self.square:
+            raise ValueError("board.marker must be smaller than board.square")
 
     @property
     def pattern(self) -> tuple[int, int]:
         return (self.cols, self.rows)
+
+    def charuco(self):
+        """The OpenCV ``CharucoBoard`` (``cols + 1`` x ``rows + 1`` squares)."""
+        d = cv2.aruco.getPredefinedDictionary(getattr(cv2.aruco, self.dictionary))
+        return cv2.aruco.CharucoBoard((self.cols + 1, self.rows + 1), self.square, self.marker, d)
 
     def object_points(self) -> np.ndarray:
         """``(cols*rows, 3)`` corner positions in the board frame, OpenCV's order (row-major)."""
@@ -79,9 +100,50 @@ class Board:
 
 
 # ------------------------------------------------------------------ detection
+#: Corners further than max(OUTLIER_MIN_PX, OUTLIER_RMS_FACTOR * first RMS) from the
+#: first intrinsics fit are dropped before the second fit.
+OUTLIER_MIN_PX = 0.5
+OUTLIER_RMS_FACTOR = 3.0
+#: ChArUco views with fewer corners than this are skipped.
+MIN_CHARUCO_CORNERS = 8
+#: Half window of the sub-pixel refinement of ChArUco corners, pixels.
+CHARUCO_SUBPIX = 2
+
+
 def detect_board(rgb: np.ndarray, board: Board) -> np.ndarray | None:
-    """Sub-pixel inner corners ``(N, 2)`` in OpenCV's order, or ``None`` if not found."""
+    """Sub-pixel inner corners ``(N, 2)`` in OpenCV's order, or ``None`` if not found.
+
+    For a ChArUco board use :func:`detect_board_ids` (a view may show only some corners).
+    """
+    found = detect_board_ids(rgb, board)
+    if found is None:
+        return None
+    corners, ids = found
+    if board.kind == "charuco":
+        full = np.full((board.cols * board.rows, 2), np.nan)
+        full[ids] = corners
+        return full if np.isfinite(full).all() else None
+    return corners
+
+
+def detect_board_ids(rgb: np.ndarray, board: Board) -> tuple[np.ndarray, np.ndarray] | None:
+    """Detected corners ``(N, 2)`` and their ids ``(N,)`` (indices into :meth:`Board.object_points`)."""
     gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY) if rgb.ndim == 3 else rgb
+    if board.kind == "charuco":
+        corners, ids, _, _ = cv2.aruco.CharucoDetector(board.charuco()).detectBoard(gray)
+        if ids is None or len(ids) < MIN_CHARUCO_CORNERS:
+            return None
+        # The detector interpolates corners from the markers; refine them on the image.
+        corners = cv2.cornerSubPix(gray, corners.reshape(-1, 1, 2).astype(np.float32), (CHARUCO_SUBPIX, CHARUCO_SUBPIX),
+                                   (-1, -1), (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 50, 1e-3))
+        return corners.reshape(-1, 2).astype(np.float64), ids.ravel().astype(np.int64)
+    corners = _detect_checkerboard(gray, board)
+    if corners is None:
+        return None
+    return corners, np.arange(len(corners))
+
+
+def _detect_checkerboard(gray: np.ndarray, board: Board) -> np.ndarray | None:
     ok, corners = cv2.findChessboardCornersSB(gray, board.pattern, flags=cv2.CALIB_CB_ACCURACY)
     if not ok:
         ok, corners = cv2.findChessboardCorners(
@@ -105,12 +167,16 @@ def _pose(obj: np.ndarray, img: np.ndarray, K: np.ndarray, dist: np.ndarray) -> 
     return T
 
 
-def board_pose(rgb: np.ndarray, corners: np.ndarray, board: Board, K: np.ndarray, dist: np.ndarray) -> np.ndarray:
+def board_pose(rgb: np.ndarray, corners: np.ndarray, board: Board, K: np.ndarray, dist: np.ndarray,
+               ids: np.ndarray | None = None) -> np.ndarray:
     """``T_camera_board`` from detected corners, with the corner order made canonical.
 
     A checkerboard looks the same turned by a half turn; the black square diagonal to
-    the origin decides which corner is the origin.
+    the origin decides which corner is the origin. ChArUco corners carry their ids.
     """
+    if board.kind == "charuco":
+        ids = np.arange(len(corners)) if ids is None else ids
+        return _pose(board.object_points()[ids], corners, K, dist)
     obj = board.object_points()
     gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY) if rgb.ndim == 3 else rgb
     best = None
@@ -144,20 +210,34 @@ def calibrate_intrinsics(images: list[np.ndarray], board: Board, min_views: int 
         raise CalibrationFitError(f"images have different sizes {sorted(sizes)}: use one camera mode")
     size = sizes.pop()
     obj_pts, img_pts, used, skipped = [], [], [], []
+    all_obj = board.object_points()
     for i, im in enumerate(images):
-        c = detect_board(im, board)
-        if c is None:
+        found = detect_board_ids(im, board)
+        if found is None:
             skipped.append(i)
             continue
-        obj_pts.append(board.object_points().astype(np.float32))
+        c, ids = found
+        obj_pts.append(all_obj[ids].astype(np.float32))
         img_pts.append(c.astype(np.float32).reshape(-1, 1, 2))
         used.append(i)
     if len(used) < min_views:
         raise CalibrationFitError(
-            f"the {board.cols}x{board.rows} board was found in {len(used)} of {len(images)} images; "
+            f"the {board.cols}x{board.rows} {board.kind} was found in {len(used)} of {len(images)} images; "
             f"need at least {min_views} (check board.cols/board.rows count inner corners)"
         )
     rms, K, dist, rvecs, tvecs = cv2.calibrateCamera(obj_pts, img_pts, size, None, None)
+    # One robust pass: drop corners far off the first fit (mis-refined corners at the
+    # image border or under glare) and fit again.
+    removed = 0
+    limit = max(OUTLIER_MIN_PX, OUTLIER_RMS_FACTOR * rms)
+    for v, (o, p, r, t) in enumerate(zip(obj_pts, img_pts, rvecs, tvecs)):
+        proj, _ = cv2.projectPoints(o, r, t, K, dist)
+        keep = np.linalg.norm((proj - p).reshape(-1, 2), axis=1) <= limit
+        if not keep.all() and keep.sum() >= 6:
+            removed += int((~keep).sum())
+            obj_pts[v], img_pts[v] = o[keep], p[keep]
+    if removed:
+        rms, K, dist, rvecs, tvecs = cv2.calibrateCamera(obj_pts, img_pts, size, None, None)
     per_view = []
     for o, p, r, t in zip(obj_pts, img_pts, rvecs, tvecs):
         proj, _ = cv2.projectPoints(o, r, t, K, dist)
@@ -170,6 +250,7 @@ def calibrate_intrinsics(images: list[np.ndarray], board: Board, min_views: int 
         "per_view_rms_px": per_view,
         "used": used,
         "skipped": skipped,
+        "outlier_corners": removed,
     }
 
 
@@ -329,11 +410,18 @@ def render_board(
     """
     pps, margin = 40, 1  # texels per square, white border in squares
     nx, ny = board.cols + 1 + 2 * margin, board.rows + 1 + 2 * margin
-    sq = np.indices((ny, nx)).sum(axis=0)
-    tex = np.where(((sq - 2 * margin) % 2 == 0), 20, 235).astype(np.uint8)
-    tex[:margin, :] = tex[-margin:, :] = 235
-    tex[:, :margin] = tex[:, -margin:] = 235
-    tex = cv2.resize(tex, (nx * pps, ny * pps), interpolation=cv2.INTER_NEAREST)
+    if board.kind == "charuco":
+        inner = board.charuco().generateImage(((board.cols + 1) * pps, (board.rows + 1) * pps), marginSize=0,
+                                              borderBits=1)
+        inner = np.where(inner > 127, 235, 20).astype(np.uint8)
+        tex = cv2.copyMakeBorder(inner, margin * pps, margin * pps, margin * pps, margin * pps,
+                                 cv2.BORDER_CONSTANT, value=235)
+    else:
+        sq = np.indices((ny, nx)).sum(axis=0)
+        tex = np.where(((sq - 2 * margin) % 2 == 0), 20, 235).astype(np.uint8)
+        tex[:margin, :] = tex[-margin:, :] = 235
+        tex[:, :margin] = tex[:, -margin:] = 235
+        tex = cv2.resize(tex, (nx * pps, ny * pps), interpolation=cv2.INTER_NEAREST)
     s = board.square
     A = np.array([[s / pps, 0, (0.5 / pps - 1 - margin) * s], [0, s / pps, (0.5 / pps - 1 - margin) * s], [0, 0, 1]])
     Hb = T_camera_board[:3, [0, 1, 3]]
@@ -367,7 +455,9 @@ def _load_images(folder: Path) -> tuple[list[Path], list[np.ndarray]]:
 
 
 def _board(cfg) -> Board:
-    return Board(cols=int(cfg.board.cols), rows=int(cfg.board.rows), square=float(cfg.board.square))
+    b = cfg.board
+    return Board(cols=int(b.cols), rows=int(b.rows), square=float(b.square), kind=str(b.get("kind", "checkerboard")),
+                 marker=float(b.get("marker", 0.018)), dictionary=str(b.get("dictionary", "DICT_4X4_50")))
 
 
 def _run_intrinsics(cfg) -> dict:
@@ -382,7 +472,7 @@ def _run_intrinsics(cfg) -> dict:
     base.update(image_size=res["image_size"], K=res["K"], dist=res["dist"])
     report = dict(base.get("calibration_report") or {})
     report["intrinsics"] = {
-        "rms_px": res["rms_px"], "per_view_rms_px": res["per_view_rms_px"],
+        "rms_px": res["rms_px"], "per_view_rms_px": res["per_view_rms_px"], "outlier_corners": res["outlier_corners"],
         "images": [files[i].name for i in res["used"]], "skipped": [files[i].name for i in res["skipped"]],
         "board": {"cols": board.cols, "rows": board.rows, "square": board.square},
     }
@@ -420,11 +510,11 @@ def _run_handeye(cfg) -> dict:
             if tuple(rgb.shape[1::-1]) != tuple(calib.image_size):
                 raise CalibrationFitError(f"{name} is {rgb.shape[1]}x{rgb.shape[0]}, calibration is "
                                           f"{calib.image_size[0]}x{calib.image_size[1]}")
-            c = detect_board(rgb, board)
-            if c is None:
+            found = detect_board_ids(rgb, board)
+            if found is None:
                 skipped.append(name)
                 continue
-            T_ct.append(board_pose(rgb, c, board, calib.K, calib.dist))
+            T_ct.append(board_pose(rgb, found[0], board, calib.K, calib.dist, ids=found[1]))
         T_bg.append(_pose_from_entry(e, "T_base_gripper"))
         used.append(name)
     res = calibrate_handeye(T_bg, T_ct, method=str(cfg.method))

@@ -61,7 +61,7 @@ def compose_config(name: str, argv: list[str], prog: str, doc: str = ""):
         with _open_struct(cfg):
             del cfg["hydra"]
     if show:
-        print(OmegaConf.to_yaml(cfg))
+        print(OmegaConf.to_yaml(cfg, resolve=True))
         raise SystemExit(0)
     return cfg
 

@@ -21,6 +21,7 @@ from perception.frames import transform_points
 
 __all__ = [
     "NetworkView",
+    "undistort_points",
     "network_view",
     "project_points",
     "raw_pixels_to_rays",
@@ -51,20 +52,20 @@ def project_points(points_base: np.ndarray, calib: Calibration) -> np.ndarray:
 
 
 #: Iterations of the point undistortion (the default 5 leaves ~0.1 px at the corners).
-_UNDISTORT_CRITERIA = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 40, 1e-10)
+UNDISTORT_CRITERIA = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 40, 1e-10)
 
 
-def _undistort_points(uv: np.ndarray, K: np.ndarray, dist: np.ndarray) -> np.ndarray:
+def undistort_points(uv: np.ndarray, K: np.ndarray, dist: np.ndarray) -> np.ndarray:
     """Normalised undistorted coordinates, iterated to convergence (OpenCV 4 and 5)."""
     if hasattr(cv2, "undistortPointsIter"):  # OpenCV 4.x
-        return cv2.undistortPointsIter(uv, K, dist, None, None, _UNDISTORT_CRITERIA)
-    return cv2.undistortPoints(uv, K, dist, None, None, criteria=_UNDISTORT_CRITERIA)
+        return cv2.undistortPointsIter(uv, K, dist, None, None, UNDISTORT_CRITERIA)
+    return cv2.undistortPoints(uv, K, dist, None, None, criteria=UNDISTORT_CRITERIA)
 
 
 def raw_pixels_to_rays(uv: np.ndarray, calib: Calibration) -> np.ndarray:
     """Undistort raw pixels into unit-depth rays in the camera frame ``(N, 3)``."""
     uv = np.asarray(uv, dtype=np.float64).reshape(-1, 1, 2)
-    xy = _undistort_points(uv, calib.K, calib.dist).reshape(-1, 2)
+    xy = undistort_points(uv, calib.K, calib.dist).reshape(-1, 2)
     return np.concatenate([xy, np.ones((len(xy), 1))], axis=1)
 
 

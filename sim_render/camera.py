@@ -32,6 +32,7 @@ import numpy as np
 import pybullet as p
 
 from perception.calibration import Calibration
+from perception.geometry import undistort_points
 
 __all__ = [
     "RENDERERS",
@@ -51,10 +52,10 @@ __all__ = [
     "raw_getcamera_fps",
 ]
 
-#: Near clip plane, metres: well in front of the closest surface of a 0.3-2 m cell.
-NEAR_M = 0.05
 #: Renderer names accepted by :func:`render_camera` (``renderer`` in ``conf/render``).
 RENDERERS = ("tiny", "egl")
+#: Near clip plane, metres: well in front of the closest surface of a 0.3-2 m cell.
+NEAR_M = 0.05
 #: Far clip plane, metres: beyond anything in the cell; background depth reads this.
 FAR_M = 4.0
 #: Where OpenGL samples pixel ``(u, v)``: its centre, ``(u + 0.5, v + 0.5)`` from the
@@ -72,12 +73,9 @@ _GL_FROM_CV = np.diag([1.0, -1.0, -1.0, 1.0])
 # wide, 0.005 px for the default lens), and a per-frame jittered camera stays cheap
 # (~W*H/16 undistorted points instead of W*H).
 _MAP_GRID_STEP = 4
-# Extra pinhole pixels around the rays the raw image needs, so bilinear sampling at
-# the extreme rays has both neighbours inside the render.
-_MAP_PAD_PX = 2
-# Iterations / tolerance of OpenCV's iterative undistortion (converges to ~1e-10 px
-# for the distortions of real lenses).
-_UNDISTORT_CRITERIA = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 40, 1e-10)
+# Extra pinhole pixels around the rays the raw image needs (rounded outwards), so
+# bilinear sampling at the extreme rays has both neighbours inside the render.
+_MAP_PAD_PX = 1
 _PLAN_CACHE_SIZE = 64
 # Full-resolution maps are large (8 bytes per pixel each): keep only a few cameras.
 _MAP_CACHE_SIZE = 8
@@ -158,21 +156,9 @@ def zbuffer_to_depth(zbuf: np.ndarray, near: float = NEAR_M, far: float = FAR_M)
 
 # ---------------------------------------------------------------- distortion maps
 def undistort_pixels(uv: np.ndarray, K: np.ndarray, dist: np.ndarray) -> np.ndarray:
-    """Raw (distorted) pixels to normalised undistorted coordinates ``x/z, y/z``.
-
-    Args:
-        uv: ``(N, 2)`` raw pixel coordinates.
-        K: ``(3, 3)`` camera matrix; dist: ``(5,)`` distortion.
-
-    Returns:
-        ``(N, 2)`` float64 normalised coordinates.
-    """
+    """Raw (distorted) pixels to normalised undistorted coordinates ``x/z, y/z`` ``(N, 2)``."""
     src = np.ascontiguousarray(np.asarray(uv, dtype=np.float64).reshape(-1, 1, 2))
-    if hasattr(cv2, "undistortPointsIter"):  # OpenCV 4.x
-        out = cv2.undistortPointsIter(src, K, dist, None, None, _UNDISTORT_CRITERIA)
-    else:  # OpenCV 5 folded the criteria into undistortPoints
-        out = cv2.undistortPoints(src, K, dist, None, None, None, _UNDISTORT_CRITERIA)
-    return out.reshape(-1, 2)
+    return undistort_points(src, np.asarray(K, dtype=np.float64), np.asarray(dist, dtype=np.float64)).reshape(-1, 2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,6 +193,7 @@ def _ideal_map(size: tuple[int, int], K: bytes, dist: bytes) -> tuple[np.ndarray
 
     Exact on a grid every ``_MAP_GRID_STEP`` px (plus one node beyond each border),
     bilinear in between via ``cv2.resize``, whose sample positions line up with it.
+    Depends only on ``K`` and ``dist``: the pose does not enter.
 
     Returns:
         ``(H, W, 2)`` float32 ideal pixel coordinates (a far-away sentinel where the
@@ -239,6 +226,7 @@ def _ideal_map(size: tuple[int, int], K: bytes, dist: bytes) -> tuple[np.ndarray
 
 @functools.lru_cache(maxsize=_PLAN_CACHE_SIZE)
 def _cached_plan(size: tuple[int, int], K: bytes, dist: bytes, margin: float) -> PinholePlan:
+    """:func:`pinhole_plan` for a camera given by :func:`_camera_key`."""
     w, h = size
     m, finite = _ideal_map(size, K, dist)
     # A lens maps the raw image's border to the border of what it sees, so the
@@ -299,16 +287,12 @@ def _remap_maps(
     K_arr = np.frombuffer(K, dtype=np.float64).reshape(3, 3)
     Kp = np.frombuffer(pinhole_K, dtype=np.float64).reshape(3, 3)
     maps = []
-    for i in range(2):
+    for i in range(2):  # x with (fx, cx), y with (fy, cy)
         scale = Kp[i, i] / K_arr[i, i]
         offset = Kp[i, 2] - K_arr[i, 2] * scale
-        maps.append(
-            m[..., i] * np.float32(scale) + np.float32(offset)
-            if scale != 1.0
-            else m[..., i] + np.float32(offset)
-        )
-    for arr in maps:
-        arr.setflags(write=False)
+        axis = m[..., i] * np.float32(scale) + np.float32(offset)
+        axis.setflags(write=False)
+        maps.append(axis)
     return maps[0], maps[1]
 
 

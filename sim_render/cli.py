@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.cliutil import check_writable_dir_args
 
 __all__ = ["main", "render", "config_hash", "load_calibration", "parse_shard_range"]
 
@@ -95,15 +96,19 @@ def _alias_profile(argv: list[str]) -> list[str]:
 def _hydra_main(cfg: DictConfig) -> None:
     try:
         manifest = render(cfg)
-    except (CalibrationError, ValueError, OSError) as exc:
+    except (CalibrationError, ValueError, OSError, RuntimeError) as exc:
         # A clear message and a non-zero exit; shards are written atomically, so
         # nothing half-written is left behind.
         print(f"sim2real-render: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    totals = manifest.get("totals", {})
-    print(f"rendered {cfg.output_dir}: {json.dumps(totals)}")
+    if manifest.get("complete") is False:
+        print(f"rendered shards {manifest['shards']} of {cfg.output_dir}: {manifest['rendered']} made, "
+              f"{manifest['reused']} kept, {manifest['missing']} still missing elsewhere")
+    else:
+        print(f"rendered {cfg.output_dir}: {json.dumps(manifest.get('totals', {}))}")
 
 
 def main() -> None:
     sys.argv = [sys.argv[0], *_alias_profile(sys.argv[1:])]
+    check_writable_dir_args("sim2real-render", sys.argv[1:])
     _hydra_main()

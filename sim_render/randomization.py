@@ -55,7 +55,6 @@ __all__ = [
     "sample_physics",
     "RenderedFrame",
     "render_randomized",
-    "render_size",
 ]
 
 _SURFACES = ("table", "bin", "objects", "distractors")
@@ -69,6 +68,9 @@ _CAMERA_JITTERS = (
     "distortion_jitter",
 )
 _DISTRACTOR_SHAPES = ("box", "sphere", "cylinder")
+# Physical parameters drawn per object and per scene (``physics:`` ranges).
+_PER_OBJECT = ("lateral_friction", "spinning_friction", "mass", "restitution")
+_PER_SCENE = ("table_friction", "gripper_force", "finger_friction")
 # Rejection sampling of one distractor's position gives up after this many tries.
 _DISTRACTOR_TRIES = 60
 # Distractors must project this far (fraction of the image size) inside the frame.
@@ -220,6 +222,7 @@ def _draw_surface(rng: np.random.Generator, colors: Mapping, textures: Mapping, 
     """One surface's colour, specular level and texture.
 
     Args:
+        rng: the frame's generator.
         colors: ``colors.<surface>``; textures: ``textures.<surface>``;
         tex_cfg: the whole ``textures`` section (``size``, ``variants_per_kind``).
 
@@ -570,8 +573,6 @@ def remove_bodies(client: Any, ids: Sequence[int]) -> None:
 
 
 # ------------------------------------------------------------------- physics
-_PER_OBJECT = ("lateral_friction", "spinning_friction", "mass", "restitution")
-_PER_SCENE = ("table_friction", "gripper_force", "finger_friction")
 
 
 def sample_physics(rng: np.random.Generator, cfg_physics: Mapping, n_objects: int = 1) -> dict:
@@ -596,7 +597,7 @@ def sample_physics(rng: np.random.Generator, cfg_physics: Mapping, n_objects: in
 
 
 # -------------------------------------------------------------- whole frame
-def render_size(nominal: Calibration, cfg: Mapping) -> tuple[int, int]:
+def _render_size(nominal: Calibration, cfg: Mapping) -> tuple[int, int]:
     """Rendered raw frame size: ``image_size * resolution_scale``, rounded."""
     s = float(cfg["resolution_scale"])
     return max(1, round(nominal.width * s)), max(1, round(nominal.height * s))
@@ -640,7 +641,7 @@ def render_randomized(
         cfg: the profile (``conf/render/*.yaml``).
 
     Returns:
-        The :class:`RenderedFrame` at ``render_size(nominal, cfg)``.
+        The :class:`RenderedFrame` at ``nominal.image_size * resolution_scale``.
     """
     cfg = as_plain(cfg)
     camera, cam_params = sample_camera(nominal, rng, cfg["camera"])
@@ -648,7 +649,7 @@ def render_randomized(
     lighting = sample_lighting(rng, cfg["lighting"])
     distractors: list[dict] = []
     ids = add_distractors(client, camera, rng, cfg, table=bodies.table, params_out=distractors)
-    size = render_size(nominal, cfg)
+    size = _render_size(nominal, cfg)
     scaled = camera.scaled(size)
     try:
         rgb, depth, seg = render_camera(

@@ -84,7 +84,13 @@ class SceneRenderer:
         if self._state is None:
             calib = Calibration.from_dict(self.calib_dict)
             cfg = self.cfg
+            from sim_render.camera import setup_renderer
+            from sim_render.randomization import validate_profile
+
+            validate_profile(cfg)
             cell = Cell(calib, cfg.physics.timestep, cfg.physics.solver_iterations)
+            # EGL only sees bodies created after its plugin loads; every scene resets the world.
+            setup_renderer(cell.client, cfg.renderer)
             g = cfg.grasps
             self._state = {
                 "calib": calib,
@@ -180,7 +186,7 @@ class SceneRenderer:
             rgb, depth, seg_raw = render_camera(
                 cell.client, camera, cfg.render_margin, cfg.renderer, lighting
             )
-            rgb, sensor_params = apply_sensor(rgb, rng, cfg.sensor)
+            rgb, sensor_params = apply_sensor(rgb, rng, cfg.sensor, pixel_scale=st["size"][0] / calib.width)
             uv, angle, width_px = project_labels(labels, camera)
             frames.append(
                 FrameRecord(

@@ -51,8 +51,6 @@ SENSOR_KEYS = (
     "jpeg_prob",
     "jpeg_quality",
 )
-# Gaussian kernels reach this many sigmas on each side.
-_GAUSS_SIGMAS = 3.0
 # cv2.setRNGSeed takes a 32-bit int.
 _NOISE_SEED_MAX = 2**31 - 1
 # Effects below these sizes change no 8-bit pixel: skip them.

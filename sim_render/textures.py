@@ -261,8 +261,14 @@ def _texture_dir() -> Path:
     if pid not in _TMP_DIR:
         path = Path(tempfile.mkdtemp(prefix=f"sim_render_textures_{pid}_"))
         _TMP_DIR[pid] = path
-        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        atexit.register(_remove_dir, path, pid)
     return _TMP_DIR[pid]
+
+
+def _remove_dir(path: Path, owner_pid: int) -> None:
+    """atexit hook: a forked child inherits the parent's hooks and must not run them."""
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class TexturePool:

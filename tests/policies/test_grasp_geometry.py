@@ -29,9 +29,10 @@ def test_view_base_view_round_trip(calib, view, h):
     uv2, angle2, width_px2 = base_grasp_to_view(pos, yaw, width, calib, view)
     np.testing.assert_allclose(uv2, uv, atol=PX_TOL)
     np.testing.assert_allclose(np.cos(2 * (angle2 - angle)), 1.0, atol=1e-3)
-    # The opening is measured between the back-projected fingertips, so it maps back.
+    # The opening maps back up to perspective: the base-frame fingertips are placed
+    # symmetrically about the centre, their images are not quite (a fraction of a percent).
     ok = width < 0.08
-    np.testing.assert_allclose(width_px2[ok], width_px[ok], rtol=1e-3)
+    np.testing.assert_allclose(width_px2[ok], width_px[ok], rtol=5e-3)
 
 
 @pytest.mark.parametrize("h", HEIGHTS)

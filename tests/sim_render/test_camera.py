@@ -88,7 +88,9 @@ def test_box_matches_analytic_raw_camera(client, camera, centre, half):
     np.testing.assert_allclose(depth[inner], expected_depth[inner], atol=3e-3)
 
 
-@pytest.mark.parametrize("point", [[0.5, 0.0, 0.03], [0.37, 0.14, 0.0], [0.64, -0.14, 0.06], [0.64, 0.14, 0.0]])
+@pytest.mark.parametrize(
+    "point", [[0.5, 0.0, 0.03], [0.37, 0.14, 0.0], [0.64, -0.14, 0.06], [0.64, 0.14, 0.0]]
+)
 def test_point_projects_where_project_points_says(client, camera, point):
     """A small marker appears within 1 px of cv2.projectPoints (distortion included)."""
     half = 0.006
@@ -142,7 +144,11 @@ def test_interpolated_map_is_exact(camera):
         xy = undistort_pixels(uv, cam.K, cam.dist)
         exact = (xy * plan.K[[0, 1], [0, 1]] + plan.K[:2, 2]).reshape(h, w, 2)
         # Every raw pixel's ray is inside the pinhole render.
-        assert exact.min() >= 0 and exact[..., 0].max() <= plan.size[0] - 1 and exact[..., 1].max() <= plan.size[1] - 1
+        assert (
+            exact.min() >= 0
+            and exact[..., 0].max() <= plan.size[0] - 1
+            and exact[..., 1].max() <= plan.size[1] - 1
+        )
         # OpenCV 4 interpolates remap with 1/32 px weights; allow for that.
         assert np.abs(got - exact).max() < 0.05 + 1 / 32
 
@@ -152,13 +158,22 @@ def test_distort_image_without_distortion_is_identity(camera):
     img = np.random.default_rng(0).integers(0, 256, (camera.height, camera.width, 3), dtype=np.uint8)
     out = distort_image(img, pinhole.K, pinhole.image_size, pinhole, cv2.INTER_NEAREST)
     np.testing.assert_array_equal(out, img)
-    seg = np.arange(camera.width * camera.height, dtype=np.int32).reshape(camera.height, camera.width) % 50 - 1
-    np.testing.assert_array_equal(distort_image(seg, pinhole.K, pinhole.image_size, pinhole, cv2.INTER_NEAREST), seg)
+    seg = (
+        np.arange(camera.width * camera.height, dtype=np.int32).reshape(camera.height, camera.width) % 50 - 1
+    )
+    np.testing.assert_array_equal(
+        distort_image(seg, pinhole.K, pinhole.image_size, pinhole, cv2.INTER_NEAREST), seg
+    )
 
 
 def test_same_scene_same_frame(client, camera):
     _box(client, [0.5, 0.0, 0.03], [0.04, 0.03, 0.03])
-    light = {"lightDirection": [0.3, 0.2, 0.9], "lightColor": [1.0, 0.9, 0.8], "shadow": 1, "lightDistance": 2.0}
+    light = {
+        "lightDirection": [0.3, 0.2, 0.9],
+        "lightColor": [1.0, 0.9, 0.8],
+        "shadow": 1,
+        "lightDistance": 2.0,
+    }
     a = render_camera(client, camera, MARGIN, lighting=light)
     b = render_camera(client, camera, MARGIN, lighting=light)
     for x, y in zip(a, b):

@@ -69,7 +69,9 @@ def scene(calib):
 
     def box(half, pos):
         col = c.createCollisionShape(p.GEOM_BOX, halfExtents=half)
-        return c.createMultiBody(0.0, col, c.createVisualShape(p.GEOM_BOX, halfExtents=half), basePosition=pos)
+        return c.createMultiBody(
+            0.0, col, c.createVisualShape(p.GEOM_BOX, halfExtents=half), basePosition=pos
+        )
 
     table = box([1.0, 1.0, 0.02], [cx, cy, calib.table_z - 0.02])
     t, h = 0.005, 0.03
@@ -303,8 +305,14 @@ def test_sensor_canonical_is_identity():
 def test_sensor_every_effect_runs():
     img = np.full((48, 64, 3), 128, np.uint8)
     cfg = _profile("randomized")["sensor"]
-    cfg.update(blur_prob=1.0, jpeg_prob=1.0, defocus_sigma=[1.0, 1.0], motion_length=[3.0, 3.0],
-               read_noise=[3.0, 3.0], vignetting=[0.3, 0.3])
+    cfg.update(
+        blur_prob=1.0,
+        jpeg_prob=1.0,
+        defocus_sigma=[1.0, 1.0],
+        motion_length=[3.0, 3.0],
+        read_noise=[3.0, 3.0],
+        vignetting=[0.3, 0.3],
+    )
     out, params = apply_sensor(img, _rng(0), cfg)
     assert params["blur"] and params["jpeg"]
     assert out[24, 32].mean() > out[0, 0].mean()  # vignetting darkens the corners

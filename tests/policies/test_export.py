@@ -1,0 +1,86 @@
+"""The artifact: ONNX agrees with torch, the metadata is what the service reads, writes are atomic."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from perception.artifact import PolicyRunner, load_metadata
+from perception.preprocess import IMAGE_MEAN, IMAGE_STD
+from policies.export import ExportError, export_artifact, onnx_torch_max_diff
+from policies.networks import ExportWrapper, GraspNet, count_parameters
+
+
+def _net(A=6, c=8):
+    torch.manual_seed(0)
+    net = GraspNet(angle_bins=A, base_channels=c)
+    # Non-trivial batch-norm statistics, as after training.
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(4, 3, 64, 64))
+    return net.eval()
+
+
+def test_network_shapes_and_ranges():
+    net = GraspNet(angle_bins=12, base_channels=16).eval()
+    assert 100_000 < count_parameters(net) < 500_000
+    out = net(torch.randn(2, 3, 96, 80))
+    assert out["quality_logits"].shape == (2, 12, 96, 80)
+    assert out["width"].shape == (2, 1, 96, 80) and out["height"].shape == (2, 1, 96, 80)
+    assert 0 <= float(out["width"].min()) and float(out["width"].max()) <= 0.08
+    q, w, h = ExportWrapper(net)(torch.randn(1, 3, 64, 64))
+    assert 0 <= float(q.min()) and float(q.max()) <= 1
+
+
+def test_onnx_matches_torch(tmp_path, calib, view):
+    net = _net()
+    art = export_artifact(net, view, calib, {"quality_threshold": 0.4}, tmp_path / "artifact",
+                          training={"note": "test"})
+    x = np.random.default_rng(1).standard_normal((3, 3, view.height, view.width)).astype(np.float32)
+    assert onnx_torch_max_diff(net, art / "policy.onnx", x) < 1e-4
+    # Realistic inputs too: a normalised image in [-1, 1].
+    img = np.random.default_rng(2).uniform(-1, 1, (1, 3, view.height, view.width)).astype(np.float32)
+    assert onnx_torch_max_diff(net, art / "policy.onnx", img) < 1e-4
+
+
+def test_metadata_is_what_the_service_reads(tmp_path, calib, view):
+    art = export_artifact(_net(A=6), view, calib, {"quality_threshold": 0.4}, tmp_path / "artifact")
+    meta = load_metadata(art)
+    raw = json.loads((art / "metadata.json").read_text())
+    assert raw["format"] == "sim2real-grasp-policy" and raw["format_version"] == 1 and raw["onnx"] == "policy.onnx"
+    assert raw["input"] == {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
+                            "size": [view.width, view.height], "mean": list(IMAGE_MEAN), "std": list(IMAGE_STD)}
+    assert raw["outputs"] == {"quality": "quality", "width": "width", "height": "height"}
+    assert meta.angle_bins == 6 and meta.quality_threshold == pytest.approx(0.4)
+    np.testing.assert_allclose(meta.view.K, view.K)
+    assert "code_version" in raw and raw["training"]["config"]["quality_threshold"] == 0.4
+    runner = PolicyRunner(art)
+    maps = runner.infer(np.zeros((calib.height, calib.width, 3), np.uint8))
+    assert maps.quality.shape == (6, view.height, view.width)
+    # The runner's input equals to_network_input's (the normalisation is the same).
+    from perception.preprocess import to_network_input
+
+    img = np.random.default_rng(0).integers(0, 256, (view.height, view.width, 3), dtype=np.uint8)
+    np.testing.assert_allclose(runner.to_input(img), to_network_input(img), atol=1e-6)
+
+
+def test_export_replaces_an_artifact_whole(tmp_path, calib, view):
+    out = tmp_path / "artifact"
+    export_artifact(_net(A=6), view, calib, {}, out)
+    export_artifact(_net(A=4), view, calib, {}, out)
+    assert load_metadata(out).angle_bins == 4
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "policy.onnx"]
+    assert [p.name for p in tmp_path.iterdir()] == ["artifact"]  # no temporary folders left
+
+
+def test_export_refuses_a_mismatch(tmp_path, calib, view, monkeypatch):
+    import policies.export as ex
+
+    monkeypatch.setattr(ex, "onnx_torch_max_diff", lambda *a, **k: 1.0)
+    with pytest.raises(ExportError, match="differ"):
+        export_artifact(_net(), view, calib, {}, tmp_path / "artifact")
+    assert not (tmp_path / "artifact").exists()
