@@ -246,9 +246,10 @@ def train_probe(
     images: torch.Tensor,
     seg: torch.Tensor,
     steps: int = 300,
-    batch_size: int = 16,
-    lr: float = 2e-3,
+    batch_size: int = 8,
+    lr: float = 3e-3,
     width: int = 16,
+    crop: int | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> nn.Module:
@@ -258,6 +259,7 @@ def train_probe(
         images: ``(N, 3, H, W)`` sim frames in ``[-1, 1]``.
         seg: ``(N, H, W)`` dataset labels.
         steps, batch_size, lr, width: training length and size.
+        crop: side of the random square crops it trains on (``None``: whole frames).
         seed: fixes the initialisation, the batches and the augmentation.
 
     Returns:
@@ -281,6 +283,11 @@ def train_probe(
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=gen)
         x = images[idx].to(device)
         y = cls_all[idx].to(device)
+        h, w = x.shape[-2:]
+        if crop is not None and crop < min(h, w):
+            i0 = int(torch.randint(0, (h - crop) // 4 + 1, (1,), generator=gen)) * 4
+            j0 = int(torch.randint(0, (w - crop) // 4 + 1, (1,), generator=gen)) * 4
+            x, y = x[..., i0 : i0 + crop, j0 : j0 + crop], y[..., i0 : i0 + crop, j0 : j0 + crop]
         if torch.rand(1, generator=gen).item() < 0.5:
             x, y = x.flip(-1), y.flip(-1)
         x = photometric_augment(x, gen)

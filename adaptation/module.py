@@ -210,7 +210,8 @@ class CycleGANModule(pl.LightningModule):
             images, seg = dm.probe_data()
             probe = M.train_probe(
                 images, seg, steps=int(p.get("steps", 300)), batch_size=int(p.get("batch_size", 16)),
-                lr=float(p.get("lr", 2e-3)), width=int(p.get("width", 16)), seed=int(self.config.get("seed", 0)),
+                lr=float(p.get("lr", 3e-3)), width=int(p.get("width", 16)), crop=p.get("crop"),
+                seed=int(self.config.get("seed", 0)),
                 device=self.device,
             )
             state = {k: v.cpu() for k, v in probe.state_dict().items()}

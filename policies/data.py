@@ -330,9 +330,6 @@ class PolicyFrames(Dataset):
         state["_cache"] = {}
         return state
 
-    def scene_of(self, i: int) -> int:
-        return int(self.frames[int(self.indices[i])]["scene"])
-
     def compact(self, i: int) -> dict:
         """The cached per-frame record: view image and view-space labels and maps."""
         j = int(self.indices[i])

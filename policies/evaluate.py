@@ -367,11 +367,11 @@ def evaluate(
     Returns:
         ``domain``, ``policy``, ``episodes``, ``objects``, ``attempts``, ``successes``,
         ``rate``, ``rate_ci95`` ``[lo, hi]``, ``cleared``, ``clearance``, ``no_grasp``,
-        ``given_up``, ``strays`` (objects that left the workspace), ``seed``, ``render_size``, ``time_s``, ``truncated``,
-        ``reasons`` (counts of "no grasp" reasons), ``episodes_detail``.
+        ``given_up``, ``strays`` (objects that left the workspace), ``seed``, ``render_size``,
+        ``time_s``, ``truncated``, ``reasons`` (counts of "no grasp" reasons), ``episodes_detail``.
     """
-    from sim_render.randomization import render_randomized, render_size
-    from sim_render.scene import SceneRenderer
+    from sim_render.randomization import render_randomized
+    from sim_render.scene import SceneRenderer, render_size
 
     if no_grasp not in ("end_episode", "attempt"):
         raise ValueError(f"no_grasp must be 'end_episode' or 'attempt', got {no_grasp!r}")
@@ -459,7 +459,7 @@ def evaluate(
         "seed": int(seed),
         "scene_seed": EVAL_SEED_BASE + int(seed),
         "episode_range": [int(episode_offset), int(episode_offset) + len(episodes)],
-        "render_size": list(render_size(calib, cfg)) if uses_pixels else None,
+        "render_size": list(render_size(calib, float(cfg.resolution_scale))) if uses_pixels else None,
         "time_s": time.perf_counter() - t0,
         "truncated": truncated,
         "reasons": reasons,

@@ -28,11 +28,13 @@ def _net(A=6, c=8):
 def test_network_shapes_and_ranges():
     net = GraspNet(angle_bins=12, base_channels=16).eval()
     assert 100_000 < count_parameters(net) < 500_000
-    out = net(torch.randn(2, 3, 96, 80))
+    with torch.no_grad():
+        out = net(torch.randn(2, 3, 96, 80))
     assert out["quality_logits"].shape == (2, 12, 96, 80)
     assert out["width"].shape == (2, 1, 96, 80) and out["height"].shape == (2, 1, 96, 80)
     assert 0 <= float(out["width"].min()) and float(out["width"].max()) <= 0.08
-    q, w, h = ExportWrapper(net)(torch.randn(1, 3, 64, 64))
+    with torch.no_grad():
+        q, w, h = ExportWrapper(net)(torch.randn(1, 3, 64, 64))
     assert 0 <= float(q.min()) and float(q.max()) <= 1
 
 

@@ -1,0 +1,237 @@
+"""``sim2real-pipeline``: render -> adapt -> train the policy -> evaluate -> export.
+
+    sim2real-pipeline calibration=FILE real_dir=DIR output_dir=DIR budget=tiny|small|full seed=N
+
+Each stage writes into ``output_dir/stages/<stage>-<hash>/`` and records a
+``stage.json`` last (its commit marker). The hash covers the stage's config and the
+hashes of its inputs, so a rerun reuses exactly the stages whose config and inputs
+match and never picks up stale results from another seed, budget or adaptation
+setting. The final outputs are ``output_dir/artifact/`` (what ``sim2real-serve``
+loads) and ``output_dir/report.json`` / ``report.md`` with plots and image panels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from perception.atomic import atomic_write_text
+from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.cliutil import check_writable_dir_args, fail
+
+__all__ = ["run_pipeline", "main", "stage_hash"]
+
+log = logging.getLogger("sim2real.pipeline")
+
+
+def stage_hash(payload: Any) -> str:
+    """Short, stable hash of a JSON-able payload (a stage's config and input hashes)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Stages:
+    """Runs stages with reuse by hash and records their wall times."""
+
+    def __init__(self, root: Path, reuse: bool) -> None:
+        self.root = root / "stages"
+        self.reuse = reuse
+        self.records: dict[str, dict] = {}
+
+    def run(self, name: str, payload: dict, fn: Callable[[Path], dict]) -> tuple[Path, dict, str]:
+        """Run ``fn(stage_dir)`` unless a finished stage with the same hash exists."""
+        h = stage_hash(payload)
+        d = self.root / f"{name}-{h}"
+        marker = d / "stage.json"
+        if self.reuse and marker.is_file():
+            rec = json.loads(marker.read_text())
+            rec["reused"] = True
+            self.records[name] = rec
+            log.info("stage %-8s reused %s", name, d)
+            return d, rec["result"], h
+        if d.exists():
+            shutil.rmtree(d)  # an unfinished earlier attempt
+        d.mkdir(parents=True)
+        log.info("stage %-8s running -> %s", name, d)
+        t0 = time.perf_counter()
+        result = fn(d)
+        wall = time.perf_counter() - t0
+        rec = {"stage": name, "hash": h, "payload": payload, "result": result, "wall_s": wall, "reused": False}
+        atomic_write_text(marker, json.dumps(rec, indent=1, default=str) + "\n")
+        self.records[name] = rec
+        log.info("stage %-8s done in %.1f s", name, wall)
+        return d, result, h
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def run_pipeline(cfg: DictConfig) -> dict:
+    """Run the whole pipeline that ``cfg`` (``conf/pipeline.yaml``) describes."""
+    from sim_render.api import render_config
+    from sim_render.cli import render
+
+    t_start = time.perf_counter()
+    out = Path(str(cfg.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    calib_path = Path(cfg.calibration) if cfg.calibration else default_calibration_path()
+    calib = Calibration.load(calib_path)
+    budget = cfg.budget
+    stages = Stages(out, bool(cfg.reuse))
+    seed = int(cfg.seed)
+
+    # -- real frames: the user's folder, or the target stand-in rendered for them.
+    if cfg.real_dir:
+        from adaptation.images import list_real_frames, load_real_frames
+
+        real_dir = Path(str(cfg.real_dir))
+        load_real_frames(real_dir, calib)  # stops here, naming the file, on bad input
+        real_key = {"real_dir": str(real_dir.resolve()), "files": [
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in list_real_frames(real_dir)]}
+        real_hash = stage_hash(real_key)
+    else:
+        from sim_render.api import export_real_frames
+
+        def make_real(d: Path) -> dict:
+            rcfg = render_config(d / "dataset", int(budget.real.n_scenes), "target",
+                                 int(cfg.real_seed_offset) + seed, calib_path, list(budget.real.overrides))
+            render(rcfg)
+            paths = export_real_frames(d / "dataset", d / "frames", tuple(calib.image_size))
+            return {"real_dir": str(d / "frames"), "n_frames": len(paths)}
+
+        real_payload = {"calibration": calib.digest(), "n": int(budget.real.n_scenes), "seed": seed,
+                        "offset": int(cfg.real_seed_offset), "overrides": list(budget.real.overrides)}
+        _, real_res, real_hash = stages.run("real", real_payload, make_real)
+        real_dir = Path(real_res["real_dir"])
+
+    # -- sim data for the policy (and the translator).
+    render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides]
+    render_payload = {"calibration": calib.digest(), "n": int(budget.render.n_scenes), "seed": seed,
+                      "overrides": render_over}
+
+    def make_render(d: Path) -> dict:
+        rcfg = render_config(d, int(budget.render.n_scenes), "randomized", seed, calib_path, render_over,
+                             int(budget.render.workers))
+        manifest = render(rcfg)
+        return {"dataset": str(d), "totals": manifest.get("totals", {})}
+
+    sim_path, sim_res, sim_hash = stages.run("render", render_payload, make_render)
+
+    # -- adaptation.
+    translator = None
+    adapt_res: dict = {"adaptation": "none"}
+    adapt_hash = "none"
+    if str(cfg.adaptation.name) != "none":
+        from adaptation.train import compose_config as adapt_compose
+        from adaptation.train import train as adapt_train
+
+        adaptation = _plain(cfg.adaptation)
+        adaptation["image_size"] = list(cfg.policy.view_size)  # translate at the policy's view scale
+        a_budget = _plain(budget.adapt)
+        a_payload = {"adaptation": adaptation, "budget": a_budget, "sim": sim_hash, "real": real_hash,
+                     "calibration": calib.digest(), "seed": seed}
+
+        def make_adapt(d: Path) -> dict:
+            acfg = adapt_compose([f"adaptation={cfg.adaptation.name}", f"logger={cfg.logger}"])
+            OmegaConf.set_struct(acfg, False)
+            acfg.adaptation = OmegaConf.create(adaptation)
+            for k, v in a_budget.items():
+                acfg[k] = v
+            acfg.sim_dir, acfg.real_dir, acfg.output_dir = str(sim_path), str(real_dir), str(d)
+            acfg.calibration, acfg.seed = str(calib_path), seed
+            return adapt_train(acfg)
+
+        adapt_path, adapt_res, adapt_hash = stages.run("adapt", a_payload, make_adapt)
+        from adaptation.translate import Translator
+
+        translator = Translator(str(adapt_path))
+
+    # -- policy (training exports the artifact into the stage).
+    from policies.train import train_policy
+
+    p_cfg = _plain(cfg.policy)
+    p_cfg.update({k: v for k, v in _plain(budget.policy).items()})
+    p_payload = {"policy": p_cfg, "sim": sim_hash, "adapt": adapt_hash, "seed": seed}
+
+    def make_policy(d: Path) -> dict:
+        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed}), [str(sim_path)], d,
+                               translator=translator, seed=seed)
+        return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
+                                        "n_train_frames", "n_val_frames", "adapted")}
+
+    policy_path, policy_res, policy_hash = stages.run("policy", p_payload, make_policy)
+    artifact = out / "artifact"
+    tmp = out / ".artifact.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(policy_res["artifact"], tmp)
+    if artifact.exists():
+        shutil.rmtree(artifact)
+    tmp.rename(artifact)
+
+    # -- evaluation in the twin: every domain, plus the brackets.
+    from policies.evaluate import OnnxPolicy, evaluate_domains
+
+    e_cfg = _plain(budget.eval)
+    e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": calib.digest(), "seed": seed}
+
+    def make_eval(d: Path) -> dict:
+        pol = OnnxPolicy(policy_res["artifact"], calib)
+        res = evaluate_domains(pol, list(e_cfg["domains"]), calib, int(e_cfg["n_episodes"]), seed,
+                               bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"])
+        atomic_write_text(d / "eval.json", json.dumps(res, indent=1, default=str) + "\n")
+        return res
+
+    _, eval_res, _ = stages.run("eval", e_payload, make_eval)
+
+    # -- report.
+    from policies.report import write_report
+
+    total = time.perf_counter() - t_start
+    report = {
+        "config": _plain(cfg),
+        "calibration": str(calib_path),
+        "real_dir": str(real_dir),
+        "artifact": str(artifact),
+        "budget": str(budget.name),
+        "adaptation": str(cfg.adaptation.name),
+        "seed": seed,
+        "wall_s": total,
+        "stages": {k: {"wall_s": v["wall_s"], "reused": v["reused"], "hash": v["hash"]}
+                   for k, v in stages.records.items()},
+        "render": sim_res,
+        "adapt": adapt_res,
+        "policy": policy_res,
+        "evaluation": eval_res,
+    }
+    write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=calib)
+    return report
+
+
+@hydra.main(config_path="pkg://conf", config_name="pipeline", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from adaptation.images import RealFramesError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        report = run_pipeline(cfg)
+    except (CalibrationError, RealFramesError, ValueError, OSError) as exc:
+        fail("sim2real-pipeline", str(exc))
+        return
+    print(f"artifact: {report['artifact']}")
+    print(f"report:   {Path(str(cfg.output_dir)) / 'report.md'}  ({report['wall_s']:.0f} s)")
+
+
+def main() -> None:
+    check_writable_dir_args("sim2real-pipeline", sys.argv[1:])
+    _hydra_main()
