@@ -40,7 +40,6 @@ class CellBodies:
     bin_walls: list[int]
     objects: list[int] = field(default_factory=list)
     object_urdfs: list[str] = field(default_factory=list)
-    distractors: list[int] = field(default_factory=list)
 
 
 class Cell:
@@ -109,9 +108,9 @@ class Cell:
 
     # ---------------------------------------------------------------- objects
     def clear_objects(self) -> None:
-        for body in self.bodies.objects + self.bodies.distractors:
+        for body in self.bodies.objects:
             self.client.removeBody(body)
-        self.bodies.objects, self.bodies.object_urdfs, self.bodies.distractors = [], [], []
+        self.bodies.objects, self.bodies.object_urdfs = [], []
 
     def apply_physics(self, physics: dict) -> None:
         """Apply drawn physical parameters (see ``sample_physics``) to table and objects."""

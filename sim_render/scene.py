@@ -17,15 +17,19 @@ from perception.calibration import Calibration
 from perception.geometry import project_points
 from perception.grasp import normalize_angle
 from sim_render.cell import Cell
-from sim_render.dataset import FrameRecord, GraspLabels
+from sim_render.dataset import (
+    SEG_BACKGROUND,
+    SEG_BIN,
+    SEG_DISTRACTOR,
+    SEG_FIRST_OBJECT,
+    FrameRecord,
+    GraspLabels,
+)
 from sim_render.gripper import FloatingHand, GraspTiming
 from sim_render.labels import LabelledGrasp, heuristic_candidates, label_grasps, random_candidates
 from sim_render.objects import object_urdfs
 
-__all__ = ["SceneRenderer", "SEG_BACKGROUND", "SEG_BIN", "SEG_DISTRACTOR", "SEG_OBJECT0", "render_size"]
-
-#: Segmentation labels stored with every frame (see docs/dataset.md).
-SEG_BACKGROUND, SEG_BIN, SEG_DISTRACTOR, SEG_OBJECT0 = 0, 1, 2, 3
+__all__ = ["SceneRenderer", "render_size", "scene_streams", "project_labels"]
 #: Streams spawned from a scene's SeedSequence, in this order.
 _STREAMS = ("objects", "physics", "grasps", "visuals")
 
@@ -86,6 +90,7 @@ class SceneRenderer:
             cfg = self.cfg
             from sim_render.camera import setup_renderer
             from sim_render.randomization import validate_profile
+            from sim_render.sensor import as_plain
 
             validate_profile(cfg)
             cell = Cell(calib, cfg.physics.timestep, cfg.physics.solver_iterations)
@@ -95,6 +100,7 @@ class SceneRenderer:
             self._state = {
                 "calib": calib,
                 "cfg": cfg,
+                "cfg_plain": as_plain(cfg),
                 "cell": cell,
                 "hand": FloatingHand(cell),
                 "urdfs": object_urdfs(cfg.object_split),
@@ -159,14 +165,11 @@ class SceneRenderer:
     def render_frames(
         self, scene: int, rngs: dict[str, np.random.Generator], params: dict, labels: list[LabelledGrasp]
     ) -> list[FrameRecord]:
-        from sim_render.camera import render_camera
-        from sim_render.randomization import add_distractors, apply_visuals, sample_camera, sample_lighting
-        from sim_render.sensor import apply_sensor
+        """Render ``frames_per_scene`` randomized frames of the settled scene, labels projected."""
+        from sim_render.randomization import render_randomized
 
         st = self._setup()
         cfg, cell, calib = st["cfg"], st["cell"], st["calib"]
-        rng = rngs["visuals"]
-        frames = []
         grasp_arrays = {
             "position": np.array([lg.grasp.position for lg in labels], dtype=np.float32).reshape(-1, 3),
             "yaw": np.array([lg.grasp.yaw for lg in labels], dtype=np.float32),
@@ -175,32 +178,17 @@ class SceneRenderer:
             "object": np.array([lg.lifted_object for lg in labels], dtype=np.int16),
             "source": np.array([lg.source for lg in labels], dtype=np.uint8),
         }
+        frames = []
         for _ in range(int(cfg.frames_per_scene)):
-            for body in cell.bodies.distractors:
-                cell.client.removeBody(body)
-            visuals = apply_visuals(cell.client, cell.bodies, rng, cfg)
-            cell.bodies.distractors = add_distractors(cell.client, calib, rng, cfg)
-            lighting = sample_lighting(rng, cfg)
-            camera, camera_params = sample_camera(calib, rng, cfg.camera)
-            camera = camera.scaled(st["size"])
-            rgb, depth, seg_raw = render_camera(
-                cell.client, camera, cfg.render_margin, cfg.renderer, lighting
-            )
-            rgb, sensor_params = apply_sensor(rgb, rng, cfg.sensor, pixel_scale=st["size"][0] / calib.width)
-            uv, angle, width_px = project_labels(labels, camera)
+            frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], st["cfg_plain"])
+            uv, angle, width_px = project_labels(labels, frame.camera)
             frames.append(
                 FrameRecord(
-                    rgb=rgb,
-                    depth=depth,
-                    seg=self.segmentation(seg_raw),
-                    camera=camera,
-                    params={
-                        **params,
-                        "visuals": visuals,
-                        "lighting": lighting,
-                        "camera": camera_params,
-                        "sensor": sensor_params,
-                    },
+                    rgb=frame.rgb,
+                    depth=frame.depth,
+                    seg=self.segmentation(frame.seg_raw, frame.distractor_ids),
+                    camera=frame.camera,
+                    params={**params, **frame.params},
                     grasps=GraspLabels(
                         pixel=uv.astype(np.float32),
                         image_angle=angle.astype(np.float32),
@@ -212,13 +200,13 @@ class SceneRenderer:
             )
         return frames
 
-    def segmentation(self, seg_raw: np.ndarray) -> np.ndarray:
+    def segmentation(self, seg_raw: np.ndarray, distractors: list[int]) -> np.ndarray:
         """Map PyBullet body ids to the dataset's labels (see docs/dataset.md)."""
         b = self._setup()["cell"].bodies
         lut = {b.table: SEG_BACKGROUND}
         lut.update({w: SEG_BIN for w in b.bin_walls})
-        lut.update({d: SEG_DISTRACTOR for d in b.distractors})
-        lut.update({o: SEG_OBJECT0 + i for i, o in enumerate(b.objects)})
+        lut.update({d: SEG_DISTRACTOR for d in distractors})
+        lut.update({o: SEG_FIRST_OBJECT + i for i, o in enumerate(b.objects)})
         out = np.zeros(seg_raw.shape, dtype=np.uint8)
         for body, label in lut.items():
             out[seg_raw == body] = label
