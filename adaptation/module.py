@@ -115,6 +115,15 @@ class ImagePool:
         return torch.cat(out, 0)
 
 
+def _features(gen: nn.Module, x: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
+    """Encoder features of a generator for PatchNCE: ``gen.features(x)`` (with the input as
+    layer 0), indexed by ``layers``."""
+    if not hasattr(gen, "features"):
+        raise KeyError(f"generator {type(gen).__name__} has no features() for mode=cut")
+    feats = [x, *gen.features(x)]
+    return [feats[i] for i in layers]
+
+
 def _build(kind: str, spec: dict) -> nn.Module:
     spec = dict(spec)
     name = spec.pop("name")
@@ -140,10 +149,25 @@ class CycleGANModule(pl.LightningModule):
         self.output_dir = Path(output_dir) if output_dir else None
         a = config["adaptation"]
         self.acfg = a
+        self.mode = str(a.get("mode", "cyclegan"))
+        if self.mode not in ("cyclegan", "cut"):
+            raise KeyError(f"unknown adaptation mode '{self.mode}'; known modes: ['cut', 'cyclegan']")
         self.G_sim2real = _build("generator", a["generator"])
-        self.G_real2sim = _build("generator", a["generator"])
         self.D_real = _build("discriminator", a["discriminator"])
-        self.D_sim = _build("discriminator", a["discriminator"])
+        if self.mode == "cyclegan":
+            self.G_real2sim = _build("generator", a["generator"])
+            self.D_sim = _build("discriminator", a["discriminator"])
+        else:  # one-sided: PatchNCE between the sim frame and its translation replaces the cycle
+            self.G_real2sim = None
+            self.D_sim = None
+            nce = a.get("nce", {})
+            self.nce_layers = list(nce.get("layers", [0, 1, 2, 3]))
+            self.nce_patches = int(nce.get("patches", 256))
+            self.nce_tau = float(nce.get("temperature", 0.07))
+            chans = [f.shape[1] for f in _features(self.G_sim2real, torch.zeros(1, 3, 32, 32), self.nce_layers)]
+            self.nce_mlps = nn.ModuleList(
+                nn.Sequential(nn.Linear(c, 256), nn.ReLU(True), nn.Linear(256, int(nce.get("dim", 256)))) for c in chans
+            )
         self.G_sim2real_ema = copy.deepcopy(self.G_sim2real).requires_grad_(False)
         loss = a["loss"]
         self.seg_head = (
@@ -172,19 +196,20 @@ class CycleGANModule(pl.LightningModule):
 
     # -------------------------------------------------------------- setup
     def parameter_counts(self) -> dict[str, int]:
-        return {
-            "G_sim2real": count_parameters(self.G_sim2real),
-            "G_real2sim": count_parameters(self.G_real2sim),
-            "D_real": count_parameters(self.D_real),
-            "D_sim": count_parameters(self.D_sim),
-        }
+        nets = {"G_sim2real": self.G_sim2real, "G_real2sim": self.G_real2sim, "D_real": self.D_real, "D_sim": self.D_sim}
+        return {k: count_parameters(v) for k, v in nets.items() if v is not None}
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         o = self.acfg["optim"]
         betas = tuple(o.get("betas", (0.5, 0.999)))
         lr = float(o["lr"])
-        g_params = list(self.G_sim2real.parameters()) + list(self.G_real2sim.parameters())
-        d_params = list(self.D_real.parameters()) + list(self.D_sim.parameters())
+        g_params = list(self.G_sim2real.parameters())
+        d_params = list(self.D_real.parameters())
+        if self.mode == "cyclegan":
+            g_params += list(self.G_real2sim.parameters())
+            d_params += list(self.D_sim.parameters())
+        else:
+            g_params += list(self.nce_mlps.parameters())
         if self.seg_head is not None:
             d_params += list(self.seg_head.parameters())
         opt_g = torch.optim.Adam(g_params, lr=lr, betas=betas)
@@ -277,6 +302,57 @@ class CycleGANModule(pl.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t_step = time.perf_counter()
 
+    def _generator_losses(self, sim: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Mode-specific generator loss (without the content terms), logs and images."""
+        w = self.acfg["loss"]
+        lam_gan = float(w.get("gan", 1.0))
+        fake_real = self.G_sim2real(sim)
+        logs: dict[str, torch.Tensor] = {}
+        if self.mode == "cut":
+            lam_nce = float(w.get("nce", 10.0))
+            loss_gan = lsgan_loss(self.D_real(fake_real), True)
+            loss_nce = self._patch_nce(sim, fake_real)
+            loss = lam_gan * loss_gan + lam_nce * loss_nce
+            if float(w.get("nce_identity", 0.0)) > 0:
+                loss_nce_idt = self._patch_nce(real, self.G_sim2real(real))
+                loss = loss + float(w["nce_identity"]) * lam_nce * loss_nce_idt
+                logs["train/loss_nce_identity"] = loss_nce_idt.detach()
+            logs.update({"train/loss_gan": loss_gan.detach(), "train/loss_nce": loss_nce.detach()})
+            return loss, logs, {"fake_real": fake_real}
+        lam_cyc = float(w.get("cycle", 10.0))
+        lam_idt = float(w.get("identity", 0.5)) * lam_cyc
+        rec_sim = self.G_real2sim(fake_real)
+        fake_sim = self.G_real2sim(real)
+        rec_real = self.G_sim2real(fake_sim)
+        loss_gan = lsgan_loss(self.D_real(fake_real), True) + lsgan_loss(self.D_sim(fake_sim), True)
+        loss_cyc = F.l1_loss(rec_sim, sim) + F.l1_loss(rec_real, real)
+        loss = lam_gan * loss_gan + lam_cyc * loss_cyc
+        if lam_idt > 0:
+            loss_idt = F.l1_loss(self.G_sim2real(real), real) + F.l1_loss(self.G_real2sim(sim), sim)
+            loss = loss + lam_idt * loss_idt
+            logs["train/loss_identity"] = loss_idt.detach()
+        logs.update({"train/loss_gan": loss_gan.detach(), "train/loss_cycle": loss_cyc.detach()})
+        return loss, logs, {"fake_real": fake_real, "rec_sim": rec_sim, "fake_sim": fake_sim, "rec_real": rec_real}
+
+    def _patch_nce(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """PatchNCE (Park et al. 2020): features of ``out`` must match those of ``src`` at the same
+        location, among the other sampled locations of the same image; ``src`` features detached."""
+        f_src = _features(self.G_sim2real, src, self.nce_layers)
+        f_out = _features(self.G_sim2real, out, self.nce_layers)
+        total = src.new_zeros(())
+        for mlp, fs, fo in zip(self.nce_mlps, f_src, f_out):
+            b, c, h, w = fs.shape
+            n = min(self.nce_patches, h * w)
+            idx = torch.randperm(h * w, device=fs.device)[:n]
+            ks = fs.flatten(2)[:, :, idx].permute(0, 2, 1).detach()  # (B, n, C)
+            qs = fo.flatten(2)[:, :, idx].permute(0, 2, 1)
+            k = F.normalize(mlp(ks), dim=-1)
+            q = F.normalize(mlp(qs), dim=-1)
+            logits = torch.bmm(q, k.transpose(1, 2)) / self.nce_tau  # (B, n, n), positives on the diagonal
+            target = torch.arange(n, device=fs.device).expand(b, n)
+            total = total + F.cross_entropy(logits.reshape(b * n, n), target.reshape(-1))
+        return total / len(self.nce_mlps)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         w = self.acfg["loss"]
         it = self.iteration
@@ -284,27 +360,14 @@ class CycleGANModule(pl.LightningModule):
         factor = self.lr_factor()
         self._set_lr(factor)
         sim, seg, real = batch["sim"], batch["seg"], batch["real"]
-        lam_cyc = float(w.get("cycle", 10.0))
-        lam_idt = float(w.get("identity", 0.5)) * lam_cyc
         lam_pmse = float(w.get("content_pmse", 0.0))
         lam_seg = float(w.get("content_seg", 0.0))
-        lam_gan = float(w.get("gan", 1.0))
         cls = M.seg_classes(seg)
 
         # ---- generators
         self.toggle_optimizer(opt_g)
-        fake_real = self.G_sim2real(sim)
-        rec_sim = self.G_real2sim(fake_real)
-        fake_sim = self.G_real2sim(real)
-        rec_real = self.G_sim2real(fake_sim)
-        loss_gan = lsgan_loss(self.D_real(fake_real), True) + lsgan_loss(self.D_sim(fake_sim), True)
-        loss_cyc = F.l1_loss(rec_sim, sim) + F.l1_loss(rec_real, real)
-        logs: dict[str, torch.Tensor] = {}
-        loss_g = lam_gan * loss_gan + lam_cyc * loss_cyc
-        if lam_idt > 0:
-            loss_idt = F.l1_loss(self.G_sim2real(real), real) + F.l1_loss(self.G_real2sim(sim), sim)
-            loss_g = loss_g + lam_idt * loss_idt
-            logs["train/loss_identity"] = loss_idt.detach()
+        loss_g, logs, imgs = self._generator_losses(sim, real)
+        fake_real = imgs["fake_real"]
         mask = content_mask(seg, int(w.get("content_dilate", 3)))
         loss_pmse = masked_pmse(fake_real, sim, mask)
         if lam_pmse > 0:
@@ -322,10 +385,14 @@ class CycleGANModule(pl.LightningModule):
         # ---- discriminators (and the seg head on raw sim frames)
         self.toggle_optimizer(opt_d)
         fr = self.pool_real.query(fake_real.detach())
-        fs = self.pool_sim.query(fake_sim.detach())
         loss_d_real = 0.5 * (lsgan_loss(self.D_real(real), True) + lsgan_loss(self.D_real(fr), False))
-        loss_d_sim = 0.5 * (lsgan_loss(self.D_sim(sim), True) + lsgan_loss(self.D_sim(fs), False))
-        loss_d = loss_d_real + loss_d_sim
+        loss_d = loss_d_real
+        logs["train/loss_d_real"] = loss_d_real.detach()
+        if self.D_sim is not None:
+            fs = self.pool_sim.query(imgs["fake_sim"].detach())
+            loss_d_sim = 0.5 * (lsgan_loss(self.D_sim(sim), True) + lsgan_loss(self.D_sim(fs), False))
+            loss_d = loss_d + loss_d_sim
+            logs["train/loss_d_sim"] = loss_d_sim.detach()
         if self.seg_head is not None:
             loss_head = F.cross_entropy(self.seg_head(M.photometric_augment(sim)), cls)
             loss_d = loss_d + loss_head
@@ -345,11 +412,7 @@ class CycleGANModule(pl.LightningModule):
         logs.update(
             {
                 "train/loss_g": loss_g.detach(),
-                "train/loss_gan": loss_gan.detach(),
-                "train/loss_cycle": loss_cyc.detach(),
                 "train/loss_content_pmse": loss_pmse.detach(),
-                "train/loss_d_real": loss_d_real.detach(),
-                "train/loss_d_sim": loss_d_sim.detach(),
                 "train/lr_factor": torch.tensor(factor),
             }
         )
@@ -358,9 +421,10 @@ class CycleGANModule(pl.LightningModule):
         self.log("d", loss_d.detach(), prog_bar=True, logger=False)
         every = int(self.config.get("log_images_every_n_steps", 0) or 0)
         if every > 0 and it % every == 0 and self.trainer.is_global_zero:
+            k = min(4, len(sim))
+            d = {key: v[:k].detach() for key, v in imgs.items()}
             self._save_panels(
-                "train", it, sim[:4], fake_real[:4].detach(), rec_sim[:4].detach(),
-                real[:4], fake_sim[:4].detach(), rec_real[:4].detach(),
+                "train", it, sim[:k], d["fake_real"], d.get("rec_sim"), real[:k], d.get("fake_sim"), d.get("rec_real"),
             )
 
     # -------------------------------------------------------------- validation
@@ -370,12 +434,10 @@ class CycleGANModule(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         sim, seg, real = batch["sim"], batch["seg"], batch["real"]
         adapted = self.G_sim2real_ema(sim)
-        to_sim = self.G_real2sim(real)
         self._val["sim"].append(sim)
         self._val["seg"].append(seg)
         self._val["real"].append(real)
         self._val["adapted"].append(adapted)
-        self._val["to_sim"].append(to_sim)
 
     def _gathered(self, key: str) -> torch.Tensor:
         x = torch.cat(self._val[key])
@@ -388,7 +450,7 @@ class CycleGANModule(pl.LightningModule):
         if self.trainer.sanity_checking or not self._val:
             return
         sim, seg, real = self._gathered("sim"), self._gathered("seg"), self._gathered("real")
-        adapted, to_sim = self._gathered("adapted"), self._gathered("to_sim")
+        adapted = self._gathered("adapted")
         self._val = defaultdict(list)
         scfg = dict(self.config.get("metrics", {}).get("swd", {}))
         # sim frames: one per real frame, but the sim set may be smaller (repeats): keep unique ones
@@ -424,10 +486,13 @@ class CycleGANModule(pl.LightningModule):
         self.last_metrics = {**{k: float(v) for k, v in values.items()}, "step": self.iteration}
         if self.trainer.is_global_zero:
             k = min(4, n_sim, len(real))
-            with torch.no_grad():
-                rec_sim = self.G_real2sim(adapted[:k].to(self.device)).cpu()
-                rec_real = self.G_sim2real_ema(to_sim[:k].to(self.device)).cpu()
-            self._save_panels("val", self.iteration, sim[:k], adapted[:k], rec_sim, real[:k], to_sim[:k], rec_real)
+            rec_sim = to_sim = rec_real = None
+            if self.G_real2sim is not None:
+                with torch.no_grad():
+                    rec_sim = self.G_real2sim(adapted[:k].to(self.device)).cpu()
+                    to_sim = self.G_real2sim(real[:k].to(self.device)).cpu()
+                    rec_real = self.G_sim2real_ema(to_sim.to(self.device)).cpu()
+            self._save_panels("val", self.iteration, sim[:k], adapted[:k], rec_sim, real[:k], to_sim, rec_real)
 
     def _has_dm(self) -> bool:
         dm = getattr(self.trainer, "datamodule", None)
@@ -440,6 +505,9 @@ class CycleGANModule(pl.LightningModule):
 
         grids = {}
         for name, cols in (("sim2real", (sim, adapted, rec_sim)), ("real2sim", (real, to_sim, rec_real))):
+            cols = tuple(c for c in cols if c is not None)
+            if name == "real2sim" and len(cols) == 1:
+                continue  # one-sided mode: no real->sim generator
             n = min(len(c) for c in cols)
             if n == 0:
                 continue

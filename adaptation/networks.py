@@ -157,6 +157,19 @@ class ResnetGenerator(nn.Module):
             ch //= 2
         layers += [nn.ReflectionPad2d(3), nn.Conv2d(ch, out_ch, 7), nn.Tanh()]
         self.model = nn.Sequential(*layers)
+        # outputs of: the stem, each downsampling, the middle residual block
+        self._feature_ids = (3, 6, 9, 9 + (n_blocks + 1) // 2)
+
+    def features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Encoder features (for CUT-style PatchNCE): stem, 1/2, 1/4 resolution, mid-blocks."""
+        feats = []
+        for i, layer in enumerate(self.model):
+            x = layer(x)
+            if i in self._feature_ids:
+                feats.append(x)
+            if i >= self._feature_ids[-1]:
+                break
+        return feats
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)

@@ -14,7 +14,7 @@ from perception.geometry import network_view
 from perception.preprocess import preprocess
 
 
-@pytest.mark.parametrize("adaptation", ["cyclegan", "cyclegan_resnet9"])
+@pytest.mark.parametrize("adaptation", ["cyclegan", "cyclegan_resnet9", "cut"])
 @pytest.mark.parametrize("trainer", ["cpu", "default", "ddp"])
 def test_configs_compose_and_build(adaptation, trainer, tmp_path):
     cfg = compose_config([f"adaptation={adaptation}", f"trainer={trainer}", "sim_dir=x", "real_dir=y"])
@@ -22,8 +22,9 @@ def test_configs_compose_and_build(adaptation, trainer, tmp_path):
 
     module = CycleGANModule(OmegaConf.to_container(cfg, resolve=True))
     counts = module.parameter_counts()
-    if adaptation == "cyclegan":
+    if adaptation in ("cyclegan", "cut"):
         assert counts["G_sim2real"] < 0.4e6
+        assert ("G_real2sim" in counts) == (adaptation == "cyclegan")
     else:
         assert counts["G_sim2real"] > 11e6
     assert cfg.trainer.accelerator in ("cpu", "auto")

@@ -31,6 +31,9 @@ def _cfg(sim, real, out, *extra):
 VARIANTS = {
     "default": [],
     "seg_content_identity": ["adaptation.loss.content_seg=0.5", "adaptation.loss.identity=0.5"],
+    "cut": ["adaptation=cut"],
+    "cut_resnet9_small": ["adaptation=cut", "adaptation/generator=resnet9", "adaptation.generator.ngf=8",
+                          "adaptation.generator.n_blocks=1", "adaptation.loss.nce_identity=1"],
     "resnet9_small": ["adaptation=cyclegan_resnet9", "adaptation.generator.ngf=8", "adaptation.generator.n_blocks=1",
                       "adaptation.discriminator.ndf=8"],
 }
@@ -43,7 +46,9 @@ def test_fast_dev_run_writes_generator_panels_and_report(adapt_dirs, tmp_path, v
     report = train(_cfg(sim, real, out, "fast_dev_run=true", "logger=none", *VARIANTS[variant]))
     assert (out / "generator.pt").is_file() and (out / "generator.json").is_file()
     assert (out / "config.yaml").is_file()
-    assert list((out / "panels").glob("train_sim2real_*.png")) and list((out / "panels").glob("val_real2sim_*.png"))
+    assert list((out / "panels").glob("train_sim2real_*.png")) and list((out / "panels").glob("val_sim2real_*.png"))
+    two_sided = not variant.startswith("cut")
+    assert bool(list((out / "panels").glob("val_real2sim_*.png"))) == two_sided
     saved = json.loads((out / "report.json").read_text())
     assert saved["distance"]["adapted_real"] > 0 and saved["distance"]["sim_real"] > 0
     assert "object_iou" in saved["content"] and report["steps"] == 1

@@ -1,0 +1,198 @@
+"""Render benchmarks (issue 2), measured side by side in one run, printed as ratios.
+
+    .venv/bin/python benchmarks/render.py [--quick]
+
+1. Frames/s at 128x128 with full randomization (camera jitter, textures, colours,
+   lights, distractors, distortion, sensor effects) against raw ``getCameraImage`` of
+   the same scene. 128x128 is a square camera cut from the packaged one (same focal
+   length), scaled to 128 px.
+2. Two render workers against one (scenes/s of ``sim2real-render``, same data).
+3. Physics-verified grasp labels per core-second, end to end (scene building
+   included), against PyBullet's ``KukaDiverseObjectEnv`` episode loop (needs
+   ``gym``: ``pip install -e .[bench]``); agreement of the fast labelling settings
+   with a slow reference setting on the same grasps.
+4. Label yield: scenes with at least one success, heuristic and random success rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+from perception.calibration import Calibration, default_calibration_path
+from sim_render.api import render_config, render_dataset
+from sim_render.camera import raw_getcamera_fps
+from sim_render.gripper import GraspTiming
+from sim_render.labels import label_grasps
+from sim_render.randomization import render_randomized
+from sim_render.scene import SceneRenderer
+from sim_render.sensor import as_plain
+
+
+def square_camera(calib: Calibration) -> Calibration:
+    """A square (height x height) cut of the camera, same focal length and centre."""
+    h = calib.height
+    K = calib.K.copy()
+    K[0, 2] -= (calib.width - h) / 2
+    return calib.replace(image_size=(h, h), K=K).scaled((128, 128))
+
+
+def bench_frames(n: int) -> dict:
+    calib = Calibration.load(default_calibration_path())
+    cfg = render_config(tempfile.mkdtemp(), 1).render
+    sr = SceneRenderer(calib, cfg, seed=0)
+    sr.build_scene(0)
+    st = sr._setup()
+    client, bodies = st["cell"].client, st["cell"].bodies
+    cam = square_camera(calib)
+    plain = dict(as_plain(cfg))
+    plain["resolution_scale"] = 1.0
+    sq = cam.replace(image_size=(128, 128))
+    rng = np.random.default_rng(0)
+    # Interleave the two measurements in rounds so machine noise hits both alike.
+    raw_t, full_t = 0.0, 0.0
+    for _ in range(5):
+        raw_t += n / raw_getcamera_fps(client, cam, n=n)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            render_randomized(client, bodies, sq, rng, plain)
+        full_t += time.perf_counter() - t0
+    raw_fps, full_fps = 5 * n / raw_t, 5 * n / full_t
+    return {"raw_fps": raw_fps, "randomized_fps": full_fps, "ratio": full_fps / raw_fps}
+
+
+def bench_workers(n_scenes: int) -> dict:
+    over = ["render.resolution_scale=0.2", "render.frames_per_scene=1", "scenes_per_shard=2"]
+    times = {}
+    manifests = {}
+    for workers in (1, 2, 1, 2):
+        d = Path(tempfile.mkdtemp())
+        t0 = time.perf_counter()
+        render_dataset(d, n_scenes, seed=3, overrides=over, workers=workers)
+        times.setdefault(workers, []).append(time.perf_counter() - t0)
+        manifests[workers] = (d / "manifest.json").read_text()
+        shutil.rmtree(d)
+    t1, t2 = min(times[1]), min(times[2])
+    return {"one_worker_s": t1, "two_workers_s": t2, "speedup": t1 / t2,
+            "identical_manifests": manifests[1] == manifests[2]}
+
+
+def kuka_episodes_per_s(seconds: float) -> float | None:
+    """PyBullet's own grasping env loop (random actions), episodes per second."""
+    if importlib.util.find_spec("gym") is None:
+        return None
+    import packaging.version
+    import pybullet_data
+
+    # pybullet_envs registers old gym ids and imports pkg_resources in its __init__:
+    # load its modules without running that __init__.
+    sys.modules.setdefault("pkg_resources", types.SimpleNamespace(parse_version=packaging.version.parse))
+    spec = importlib.util.find_spec("pybullet_envs")
+    pkg = types.ModuleType("pybullet_envs")
+    pkg.__path__ = list(spec.submodule_search_locations)
+    sys.modules["pybullet_envs"] = pkg
+    from pybullet_envs.bullet.kuka_diverse_object_gym_env import KukaDiverseObjectEnv
+
+    env = KukaDiverseObjectEnv(renders=False, isDiscrete=False, maxSteps=8, urdfRoot=pybullet_data.getDataPath())
+    env.reset()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        env.reset()
+        done = False
+        while not done:
+            _, _, done, _ = env.step(env.action_space.sample())
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def bench_labels(n_scenes: int) -> dict:
+    """Labels per core-second with the profile's fast settings, scene building included."""
+    calib = Calibration.load(default_calibration_path())
+    cfg = render_config(tempfile.mkdtemp(), 1).render
+    sr = SceneRenderer(calib, cfg, seed=100)
+    n_labels, n_ok, scenes_ok = 0, 0, 0
+    heur, rand = [], []
+    t_cpu0, t0 = time.process_time(), time.perf_counter()
+    for s in range(n_scenes):
+        rngs, params = sr.build_scene(s)
+        labels = sr.label_scene(rngs, params["physics"])
+        n_labels += len(labels)
+        ok = [lg.success for lg in labels]
+        n_ok += sum(ok)
+        scenes_ok += any(ok)
+        heur += [lg.success for lg in labels if lg.source == 0]
+        rand += [lg.success for lg in labels if lg.source == 1]
+    cpu, wall = time.process_time() - t_cpu0, time.perf_counter() - t0
+    return {
+        "scenes": n_scenes, "labels": n_labels, "labels_per_core_s": n_labels / cpu, "labels_per_wall_s": n_labels / wall,
+        "yield_scenes_with_success": scenes_ok / n_scenes, "heuristic_success": float(np.mean(heur)) if heur else None,
+        "heuristic_candidates_per_scene": len(heur) / n_scenes, "random_success": float(np.mean(rand)) if rand else None,
+    }
+
+
+def bench_agreement(n_scenes: int) -> dict:
+    """Fast labelling settings against a slow reference on the very same grasps."""
+    calib = Calibration.load(default_calibration_path())
+    fast_cfg = render_config(tempfile.mkdtemp(), 1).render
+    slow_cfg = render_config(tempfile.mkdtemp(), 1, overrides=[
+        "render.physics.timestep=0.0041666667", "render.physics.solver_iterations=50",
+        "render.grasps.descend_steps=96", "render.grasps.close_steps=96", "render.grasps.lift_steps=120",
+        "render.grasps.hold_steps=240"]).render
+    agree, total, fast_ok, slow_ok = 0, 0, 0, 0
+    for s in range(n_scenes):
+        results = []
+        for cfg in (fast_cfg, slow_cfg):
+            sr = SceneRenderer(calib, cfg, seed=200)
+            rngs, params = sr.build_scene(s)
+            if not results:
+                labels = sr.label_scene(rngs, params["physics"])
+                cands = labels
+            st = sr._setup()
+            out = label_grasps(st["cell"], st["hand"], [type("C", (), {"grasp": lg.grasp, "source": lg.source})()
+                                                        for lg in cands], float(params["physics"]["gripper_force"]),
+                               st["timing"])
+            results.append([lg.success for lg in out])
+            sr.close()
+        f, sl = np.array(results[0]), np.array(results[1])
+        agree += int(np.sum(f == sl))
+        total += len(f)
+        fast_ok += int(f.sum())
+        slow_ok += int(sl.sum())
+    return {"grasps": total, "agreement": agree / max(total, 1), "fast_success": fast_ok / max(total, 1),
+            "slow_success": slow_ok / max(total, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    q = args.quick
+    res: dict = {}
+    res["frames_128"] = bench_frames(10 if q else 40)
+    print("1. frames/s at 128x128:", json.dumps(res["frames_128"]))
+    res["workers"] = bench_workers(4 if q else 12)
+    print("2. two workers vs one:", json.dumps(res["workers"]))
+    labels = bench_labels(3 if q else 12)
+    kuka = kuka_episodes_per_s(5 if q else 30)
+    labels["kuka_episodes_per_s"] = kuka
+    labels["ratio_vs_kuka"] = None if kuka is None else labels["labels_per_core_s"] / kuka
+    res["labels"] = labels
+    print("3./4. labels:", json.dumps(labels))
+    res["agreement"] = bench_agreement(2 if q else 6)
+    print("3. fast vs slow reference:", json.dumps(res["agreement"]))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
