@@ -4,7 +4,7 @@ Both domains go through the one shared preprocessing function
 (:func:`perception.preprocess.preprocess`: undistort, crop, resize into the network view),
 sim frames with the dataset's nominal calibration, real frames with the user's. The sim
 segmentation is mapped through the same remap with nearest-neighbour sampling
-(:func:`preprocess_labels`). Preprocessed frames are held in memory as ``uint8``;
+(:func:`perception.preprocess.preprocess_labels`). Preprocessed frames are held in memory as ``uint8``;
 augmentations (random crop, horizontal flip, small colour jitter, with kornia) run after
 the batch reaches the training device (:meth:`AdaptDataModule.on_after_batch_transfer`).
 
@@ -16,13 +16,11 @@ transfer hook the images are float in ``[-1, 1]`` (``IMAGE_MEAN`` / ``IMAGE_STD`
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
 import kornia.augmentation as KA
 import numpy as np
 import pytorch_lightning as pl
@@ -32,11 +30,10 @@ from torch.utils.data import DataLoader, Dataset
 from adaptation.images import iter_real_frames
 from perception.calibration import Calibration
 from perception.geometry import NetworkView, network_view
-from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess
+from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
 
 __all__ = [
     "SimDataError",
-    "preprocess_labels",
     "open_sim_dataset",
     "load_sim_view",
     "load_real_view",
@@ -55,44 +52,6 @@ class SimDataError(ValueError):
 
 
 # --------------------------------------------------------------------------- preprocessing
-@functools.lru_cache(maxsize=16)
-def _label_maps(K: bytes, dist: bytes, Kv: bytes, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    return cv2.initUndistortRectifyMap(
-        np.frombuffer(K, dtype=np.float64).reshape(3, 3),
-        np.frombuffer(dist, dtype=np.float64),
-        None,
-        np.frombuffer(Kv, dtype=np.float64).reshape(3, 3),
-        size,
-        cv2.CV_32FC1,
-    )
-
-
-def preprocess_labels(seg: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
-    """Map a raw label image into the network view like :func:`preprocess` maps its frame.
-
-    The same undistort-crop-resize remap, with nearest-neighbour sampling so labels stay
-    labels; pixels outside the raw frame become 0 (table/background).
-
-    Args:
-        seg: ``(h, w)`` integer labels of a raw frame at ``calib.image_size`` or any size of the
-            same aspect ratio.
-        calib: the camera that took the frame.
-        view: the network view.
-
-    Returns:
-        ``(view.height, view.width)`` labels, same dtype.
-    """
-    seg = np.asarray(seg)
-    if seg.ndim != 2:
-        raise ValueError(f"label image must be (H, W), got shape {seg.shape}")
-    h, w = seg.shape
-    cal = calib.scaled((w, h))
-    m1, m2 = _label_maps(cal.K.tobytes(), cal.dist.tobytes(), np.asarray(view.K, np.float64).tobytes(), tuple(view.size))
-    src = seg if seg.dtype in (np.uint8, np.uint16, np.int16, np.float32) else seg.astype(np.int32).astype(np.float32)
-    out = cv2.remap(src, m1, m2, cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-    return out.astype(seg.dtype)
-
-
 def open_sim_dataset(sim_dir: str | Path) -> Any:
     """Open a render dataset (``sim_render.dataset.SimFrameDataset``) for rgb and seg."""
     root = Path(sim_dir)
@@ -173,17 +132,29 @@ class UnpairedDataset(Dataset):
 
 
 class ValDataset(Dataset):
-    """Held-out frames: real frame ``i`` with sim frame ``i mod n_sim`` (length ``n_real``)."""
+    """Held-out frames: item ``i`` holds sim frame ``i mod n_sim`` and real frame ``i mod n_real``.
+
+    The length is ``max(n_sim, n_real)``; ``idx`` and the flags ``sim_first`` / ``real_first``
+    (this item is the first to hold its sim / real frame) let the metrics use every held-out
+    frame exactly once, whatever the order, the process and the padding of a distributed sampler.
+    """
 
     def __init__(self, sim: np.ndarray, seg: np.ndarray, real: np.ndarray) -> None:
         self.sim, self.seg, self.real = sim, seg, real
 
     def __len__(self) -> int:
-        return len(self.real)
+        return max(len(self.sim), len(self.real))
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        s = i % len(self.sim)
-        return {"sim": _chw(self.sim[s]), "seg": torch.from_numpy(self.seg[s]), "real": _chw(self.real[i])}
+        s, r = i % len(self.sim), i % len(self.real)
+        return {
+            "sim": _chw(self.sim[s]),
+            "seg": torch.from_numpy(self.seg[s]),
+            "real": _chw(self.real[r]),
+            "idx": torch.tensor(i),
+            "sim_first": torch.tensor(i < len(self.sim)),
+            "real_first": torch.tensor(i < len(self.real)),
+        }
 
 
 # --------------------------------------------------------------------------- data module
@@ -350,8 +321,8 @@ class AdaptDataModule(pl.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, dict) or "sim" not in batch:
             return batch
-        out = {"sim": to_float(batch["sim"]), "seg": batch["seg"].long(), "real": to_float(batch["real"])}
+        out = {**batch, "sim": to_float(batch["sim"]), "seg": batch["seg"].long(), "real": to_float(batch["real"])}
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training:
-            out = self.augment(out)
+            out = {**out, **self.augment(out)}
         return out

@@ -224,16 +224,18 @@ def photometric_augment(x: torch.Tensor, gen: torch.Generator | None = None, str
         return torch.rand(*shape, generator=gen).to(dev)
 
     y = (x + 1) / 2
-    # per-channel gain and offset (palette), then contrast and brightness
+    # random colour mixing (hue rotations, channel swaps in part), per-channel gain and offset
+    mix = torch.eye(3, device=dev) + strength * 0.25 * torch.randn(n, 3, 3, generator=gen).to(dev)
+    y = torch.einsum("nij,njhw->nihw", mix, y)
     gain = 1 + strength * 0.6 * (rnd(n, 3, 1, 1) - 0.5)
-    off = strength * 0.3 * (rnd(n, 3, 1, 1) - 0.5)
+    off = strength * 0.4 * (rnd(n, 3, 1, 1) - 0.5)
     y = y * gain + off
     mean = y.mean(dim=(1, 2, 3), keepdim=True)
     contrast = 1 + strength * 0.8 * (rnd(n, 1, 1, 1) - 0.5)
     y = (y - mean) * contrast + mean
-    # random channel mixing towards grey (saturation)
+    # saturation, down to grey for some images
     grey = y.mean(dim=1, keepdim=True)
-    sat = 1 + strength * 0.8 * (rnd(n, 1, 1, 1) - 0.5)
+    sat = (1 + strength * 0.8 * (rnd(n, 1, 1, 1) - 0.5)) * (rnd(n, 1, 1, 1) > 0.15 * strength).float()
     y = grey + (y - grey) * sat
     # blur half the images a little, add sensor-like noise
     blur = rnd(n, 1, 1, 1) < 0.5

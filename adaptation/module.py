@@ -162,11 +162,12 @@ class CycleGANModule(pl.LightningModule):
             self.D_sim = None
             nce = a.get("nce", {})
             self.nce_layers = list(nce.get("layers", [0, 1, 2, 3]))
-            self.nce_patches = int(nce.get("patches", 256))
+            self.nce_patches = int(nce.get("patches", 128))
             self.nce_tau = float(nce.get("temperature", 0.07))
             chans = [f.shape[1] for f in _features(self.G_sim2real, torch.zeros(1, 3, 32, 32), self.nce_layers)]
+            dim = int(nce.get("dim", 128))
             self.nce_mlps = nn.ModuleList(
-                nn.Sequential(nn.Linear(c, 256), nn.ReLU(True), nn.Linear(256, int(nce.get("dim", 256)))) for c in chans
+                nn.Sequential(nn.Linear(c, dim), nn.ReLU(True), nn.Linear(dim, dim)) for c in chans
             )
         self.G_sim2real_ema = copy.deepcopy(self.G_sim2real).requires_grad_(False)
         loss = a["loss"]
@@ -337,16 +338,18 @@ class CycleGANModule(pl.LightningModule):
     def _patch_nce(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """PatchNCE (Park et al. 2020): features of ``out`` must match those of ``src`` at the same
         location, among the other sampled locations of the same image; ``src`` features detached."""
-        f_src = _features(self.G_sim2real, src, self.nce_layers)
+        with torch.no_grad():  # the keys carry no gradient (as in CUT)
+            f_src = _features(self.G_sim2real, src, self.nce_layers)
         f_out = _features(self.G_sim2real, out, self.nce_layers)
         total = src.new_zeros(())
         for mlp, fs, fo in zip(self.nce_mlps, f_src, f_out):
             b, c, h, w = fs.shape
             n = min(self.nce_patches, h * w)
             idx = torch.randperm(h * w, device=fs.device)[:n]
-            ks = fs.flatten(2)[:, :, idx].permute(0, 2, 1).detach()  # (B, n, C)
+            ks = fs.flatten(2)[:, :, idx].permute(0, 2, 1)  # (B, n, C)
             qs = fo.flatten(2)[:, :, idx].permute(0, 2, 1)
-            k = F.normalize(mlp(ks), dim=-1)
+            with torch.no_grad():
+                k = F.normalize(mlp(ks), dim=-1)
             q = F.normalize(mlp(qs), dim=-1)
             logits = torch.bmm(q, k.transpose(1, 2)) / self.nce_tau  # (B, n, n), positives on the diagonal
             target = torch.arange(n, device=fs.device).expand(b, n)
@@ -438,6 +441,9 @@ class CycleGANModule(pl.LightningModule):
         self._val["seg"].append(seg)
         self._val["real"].append(real)
         self._val["adapted"].append(adapted)
+        for key in ("idx", "sim_first", "real_first"):
+            if key in batch:
+                self._val[key].append(batch[key])
 
     def _gathered(self, key: str) -> torch.Tensor:
         x = torch.cat(self._val[key])
@@ -451,20 +457,28 @@ class CycleGANModule(pl.LightningModule):
             return
         sim, seg, real = self._gathered("sim"), self._gathered("seg"), self._gathered("real")
         adapted = self._gathered("adapted")
+        if "idx" in self._val:
+            # every held-out frame once, in dataset order (ranks interleave; samplers pad)
+            idx = self._gathered("idx")
+            sim_first, real_first = self._gathered("sim_first"), self._gathered("real_first")
+            order = torch.argsort(idx, stable=True)
+            keep = order[torch.cat([torch.tensor([True]), idx[order][1:] != idx[order][:-1]])]
+            s_sel = keep[sim_first[keep]]
+            sim, seg, adapted = sim[s_sel], seg[s_sel], adapted[s_sel]
+            real = real[keep[real_first[keep]]]
         self._val = defaultdict(list)
+        n_sim = len(sim)
         scfg = dict(self.config.get("metrics", {}).get("swd", {}))
-        # sim frames: one per real frame, but the sim set may be smaller (repeats): keep unique ones
-        n_sim = min(len(sim), len(self.trainer.datamodule.sim_val)) if self._has_dm() else len(sim)
-        swd_ad = M.sliced_wasserstein(adapted[:n_sim], real, **scfg)
+        swd_ad = M.sliced_wasserstein(adapted, real, **scfg)
         if self._baseline is None:
-            swd_sim = M.sliced_wasserstein(sim[:n_sim], real, **scfg)
-            c_sim = M.content_scores(M.predict_classes(self.probe, sim[:n_sim]), seg[:n_sim])
+            swd_sim = M.sliced_wasserstein(sim, real, **scfg)
+            c_sim = M.content_scores(M.predict_classes(self.probe, sim), seg)
             self._baseline = {
                 "swd_sim_real": swd_sim["mean"],
                 **{f"swd_sim_real_{k}": v for k, v in swd_sim.items() if k != "mean"},
                 **{f"content_sim_{k}": v for k, v in c_sim.items()},
             }
-        c_ad = M.content_scores(M.predict_classes(self.probe, adapted[:n_sim]), seg[:n_sim])
+        c_ad = M.content_scores(M.predict_classes(self.probe, adapted), seg)
         values = {
             "swd_adapted_real": swd_ad["mean"],
             **{f"swd_adapted_real_{k}": v for k, v in swd_ad.items() if k != "mean"},
@@ -493,10 +507,6 @@ class CycleGANModule(pl.LightningModule):
                     to_sim = self.G_real2sim(real[:k].to(self.device)).cpu()
                     rec_real = self.G_sim2real_ema(to_sim.to(self.device)).cpu()
             self._save_panels("val", self.iteration, sim[:k], adapted[:k], rec_sim, real[:k], to_sim, rec_real)
-
-    def _has_dm(self) -> bool:
-        dm = getattr(self.trainer, "datamodule", None)
-        return dm is not None and hasattr(dm, "sim_val")
 
     # -------------------------------------------------------------- panels and export
     def _save_panels(self, tag: str, step: int, sim, adapted, rec_sim, real, to_sim, rec_real) -> None:

@@ -179,21 +179,35 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
     if trainer.is_global_zero:
         atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
-    if (
-        cfg.get("final_validation", True)
-        and not fast
-        and module._last_val_step != module.iteration
-        and not trainer.interrupted
-    ):
-        trainer.validate(module, datamodule=dm, verbose=False)
-    if not fast and not trainer.interrupted:
-        _save_final(trainer, module, ckpt_cb, out)
-    wall = time.perf_counter() - t0
-    report = _report(module, dm, cfg, out, wall, ckpt_cb)
-    if trainer.is_global_zero:
-        atomic_write_text(out / REPORT_NAME, json.dumps(_jsonable(report), indent=2) + "\n")
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+        if (
+            cfg.get("final_validation", True)
+            and not fast
+            and module._last_val_step != module.iteration
+            and not trainer.interrupted
+        ):
+            trainer.validate(module, datamodule=dm, verbose=False)
+        if not fast and not trainer.interrupted:
+            _save_final(trainer, module, ckpt_cb, out)
+        wall = time.perf_counter() - t0
+        report = _report(module, dm, cfg, out, wall, ckpt_cb)
+        if trainer.is_global_zero:
+            atomic_write_text(out / REPORT_NAME, json.dumps(_jsonable(report), indent=2) + "\n")
+    finally:
+        _finish_logger(logger)
     return report
+
+
+def _finish_logger(logger: Any) -> None:
+    """Close the W&B run, so that a later run in the same process (the pipeline) starts its own."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    if isinstance(logger, WandbLogger):
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
 
 
 def _save_final(trainer: pl.Trainer, module: CycleGANModule, ckpt_cb: Any, out: Path) -> None:
@@ -208,10 +222,10 @@ def _save_final(trainer: pl.Trainer, module: CycleGANModule, ckpt_cb: Any, out: 
         ckpt_cb.best_k_models = {str(best): ckpt_cb.best_model_score}
         ckpt_cb.kth_best_model_path = str(best)
         ckpt_cb.kth_value = ckpt_cb.best_model_score
-        trainer.save_checkpoint(best)
+        trainer.save_checkpoint(best, weights_only=False)
     last = d / "last.ckpt"
     ckpt_cb.last_model_path = str(last)
-    trainer.save_checkpoint(last)
+    trainer.save_checkpoint(last, weights_only=False)
 
 
 def _report(module: CycleGANModule, dm: AdaptDataModule, cfg: DictConfig, out: Path, wall: float, ckpt_cb: Any) -> dict:

@@ -1,6 +1,6 @@
 """Benchmark of the sim->real translation (issue 3): speed, quality at equal wall-clock, content.
 
-    .venv/bin/python benchmarks/adaptation.py                       # the full run (~35 min on 2 cores)
+    .venv/bin/python benchmarks/adaptation.py                       # the full run (~50 min on 2 cores)
     .venv/bin/python benchmarks/adaptation.py --quick               # a smoke run of the script (~2 min)
     .venv/bin/python benchmarks/adaptation.py --minutes 10 --out outputs/benchmarks/adaptation
 
@@ -14,7 +14,8 @@ training crops, batch 4):
    a held-out split of them measures the distance): the best held-out SWD of adapted frames
    to real ones, beside raw sim's;
 3. content: the probe's object IoU and instance recall on adapted frames of the fast default
-   with and without the content loss (``content_pmse=0``), beside raw sim's.
+   with and without the content loss (``content_pmse=0``), beside raw sim's;
+4. the one-sided CUT-style variant (``adaptation=cut``) for the same wall-clock.
 
 Writes ``OUT/results.json`` and ``OUT/adaptation.md`` (the table for ``docs/benchmarks.md``);
 training runs are kept under ``OUT/runs/`` (panels, reports, checkpoints).
@@ -189,7 +190,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny data and durations: checks that the script works")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "resnet9", "no_content"], help="parts to leave out")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "resnet9", "no_content", "cut"], help="parts to leave out")
     args = ap.parse_args()
     if args.quick:
         args.minutes, args.sim_scenes, args.real_scenes = 0.25, 3, 4
@@ -223,6 +224,8 @@ def main() -> None:
         q["fast, no content loss"] = quality(
             sim, real, out, "fast_no_content", ["adaptation.loss.content_pmse=0"], args.minutes, 4 if args.quick else 150
         )
+    if "cut" not in args.skip:
+        q["fast, one-sided CUT"] = quality(sim, real, out, "cut", ["adaptation=cut"], args.minutes, 4 if args.quick else 300)
     if "resnet9" not in args.skip:
         q["resnet9"] = quality(sim, real, out, "resnet9", resnet9, args.minutes, 2 if args.quick else 15)
     results["quality"] = q

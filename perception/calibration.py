@@ -83,7 +83,7 @@ class Calibration:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_dict(cls, data: Any, check_view: bool = True) -> "Calibration":
+    def from_dict(cls, data: Any, check_view: bool = True) -> Calibration:
         """Build and validate a calibration from the contract's JSON structure."""
         if not isinstance(data, dict):
             raise CalibrationError("calibration must be a JSON object")
@@ -130,7 +130,7 @@ class Calibration:
         return calib
 
     @classmethod
-    def load(cls, path: str | Path) -> "Calibration":
+    def load(cls, path: str | Path) -> Calibration:
         """Load a calibration JSON file; errors name the file and the field."""
         path = Path(path)
         if not path.is_file():
@@ -199,7 +199,7 @@ class Calibration:
             and self.workspace_y[0] - tol <= y <= self.workspace_y[1] + tol
         )
 
-    def scaled(self, size: tuple[int, int]) -> "Calibration":
+    def scaled(self, size: tuple[int, int]) -> Calibration:
         """The same camera delivering frames of ``size = (width, height)``.
 
         Intrinsics scale with the resolution (pixel centres at integer coordinates,
@@ -225,7 +225,7 @@ class Calibration:
             extra=dict(self.extra),
         )
 
-    def replace(self, **changes: Any) -> "Calibration":
+    def replace(self, **changes: Any) -> Calibration:
         values = {
             "image_size": self.image_size,
             "K": self.K,

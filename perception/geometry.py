@@ -119,7 +119,7 @@ class NetworkView:
         return {"K": self.K.tolist(), "size": list(self.size)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NetworkView":
+    def from_dict(cls, d: dict) -> NetworkView:
         return cls(K=np.asarray(d["K"], dtype=np.float64), size=(int(d["size"][0]), int(d["size"][1])))
 
 

@@ -16,7 +16,16 @@ import numpy as np
 from perception.calibration import Calibration
 from perception.geometry import NetworkView
 
-__all__ = ["PreprocessError", "preprocess", "to_network_input", "ensure_rgb8", "IMAGE_MEAN", "IMAGE_STD"]
+__all__ = [
+    "PreprocessError",
+    "preprocess",
+    "preprocess_labels",
+    "view_maps",
+    "to_network_input",
+    "ensure_rgb8",
+    "IMAGE_MEAN",
+    "IMAGE_STD",
+]
 
 #: Per-channel normalisation of network inputs (RGB, values in [0, 1] before it).
 IMAGE_MEAN = (0.5, 0.5, 0.5)
@@ -50,11 +59,64 @@ def ensure_rgb8(image: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _maps(key: tuple, K: bytes, dist: bytes, Kv: bytes, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    K_arr = np.frombuffer(K, dtype=np.float64).reshape(3, 3)
-    d_arr = np.frombuffer(dist, dtype=np.float64)
-    Kv_arr = np.frombuffer(Kv, dtype=np.float64).reshape(3, 3)
-    return cv2.initUndistortRectifyMap(K_arr, d_arr, None, Kv_arr, size, cv2.CV_16SC2)
+def _cached_maps(K: bytes, dist: bytes, Kv: bytes, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    return cv2.initUndistortRectifyMap(
+        np.frombuffer(K, dtype=np.float64).reshape(3, 3),
+        np.frombuffer(dist, dtype=np.float64),
+        None,
+        np.frombuffer(Kv, dtype=np.float64).reshape(3, 3),
+        size,
+        cv2.CV_32FC1,
+    )
+
+
+def view_maps(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray]:
+    """Raw pixel coordinates sampled for every view pixel (cached per camera and view).
+
+    Args:
+        raw_calib: the calibration scaled to the raw frame's size.
+        view: the network view.
+
+    Returns:
+        ``map_x``, ``map_y``: ``(view.height, view.width)`` float32, for ``cv2.remap``.
+    """
+    return _cached_maps(
+        np.asarray(raw_calib.K, dtype=np.float64).tobytes(),
+        np.asarray(raw_calib.dist, dtype=np.float64).tobytes(),
+        np.asarray(view.K, dtype=np.float64).tobytes(),
+        (int(view.size[0]), int(view.size[1])),
+    )
+
+
+def _raw_calibration(shape: tuple[int, ...], calib: Calibration) -> Calibration:
+    h, w = shape[:2]
+    W, H = calib.image_size
+    if abs(w * H - h * W) > max(W, H):
+        raise PreprocessError(
+            f"frame is {w}x{h} but the calibration's image_size is {W}x{H} (aspect ratio differs)"
+        )
+    return calib.scaled((w, h))
+
+
+def preprocess_labels(labels: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
+    """Map a raw per-pixel label image (segmentation, depth) into the view like :func:`preprocess`.
+
+    The same remap with nearest-neighbour sampling, so labels stay labels; view pixels
+    outside the raw frame become 0.
+
+    Args:
+        labels: ``(h, w)`` array at ``calib.image_size`` or any size of the same aspect ratio.
+
+    Returns:
+        ``(view.height, view.width)``, same dtype.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 2:
+        raise PreprocessError(f"label image must be (H, W), got shape {labels.shape}")
+    m1, m2 = view_maps(_raw_calibration(labels.shape, calib), view)
+    src = labels if labels.dtype in (np.uint8, np.uint16, np.int16, np.float32) else labels.astype(np.float32)
+    out = cv2.remap(src, m1, m2, cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return out.astype(labels.dtype)
 
 
 def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
@@ -72,17 +134,8 @@ def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.n
         ``(view.height, view.width, 3)`` uint8 RGB.
     """
     img = ensure_rgb8(image)
-    h, w = img.shape[:2]
-    W, H = calib.image_size
-    if abs(w * H - h * W) > max(W, H):
-        raise PreprocessError(
-            f"frame is {w}x{h} but the calibration's image_size is {W}x{H} (aspect ratio differs)"
-        )
-    cal = calib.scaled((w, h))
-    m1, m2 = _maps(
-        (w, h), cal.K.tobytes(), cal.dist.tobytes(), np.asarray(view.K, dtype=np.float64).tobytes(),
-        tuple(view.size),
-    )
+    cal = _raw_calibration(img.shape, calib)
+    m1, m2 = view_maps(cal, view)
     # Area-like quality when shrinking a lot: blur a little first so remap does not alias.
     scale = cal.K[0, 0] / view.K[0, 0]
     if scale > 2.0:

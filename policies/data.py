@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ from perception.grasp import angle_to_bin, normalize_angle
 from perception.preprocess import preprocess, to_network_input
 
 __all__ = [
+    "DEFAULT_AUGMENT",
     "DEFAULT_TARGETS",
+    "augment_item",
     "PolicyFrames",
     "build_targets",
     "view_grids",
@@ -67,6 +70,13 @@ DEFAULT_TARGETS: dict[str, Any] = {
     "object_height_weight": 2.0,  # height-loss weight on object pixels (seg >= 3)
     "angle_spread": 0,  # also mark +-k neighbouring angle bins of a label ...
     "angle_spread_weight": 0.3,  # ... with this weight
+}
+
+#: Defaults of the ``augment`` section of ``conf/policy/*.yaml`` (training frames only).
+DEFAULT_AUGMENT: dict[str, Any] = {
+    "hflip": 0.5,  # probability of a horizontal flip (a mirrored world seen by a mirrored camera)
+    "shift_px": 4,  # uniform integer shift of image and targets, view pixels (camera pose error)
+    "color": 0.1,  # per-channel gain and offset jitter, fraction
 }
 
 Translator = Callable[[np.ndarray], np.ndarray]
@@ -276,13 +286,64 @@ def build_targets(
     }
 
 
+# ----------------------------------------------------------------------------- augmentation
+def _shift(a: np.ndarray, dx: int, dy: int) -> np.ndarray:
+    """Translate the last two axes by ``(dx, dy)`` pixels, filling with zeros."""
+    out = np.zeros_like(a)
+    H, W = a.shape[-2:]
+    ys, yd = (slice(0, H - dy), slice(dy, H)) if dy >= 0 else (slice(-dy, H), slice(0, H + dy))
+    xs, xd = (slice(0, W - dx), slice(dx, W)) if dx >= 0 else (slice(-dx, W), slice(0, W + dx))
+    out[..., yd, xd] = a[..., ys, xs]
+    return out
+
+
+def augment_item(
+    view_rgb: np.ndarray, targets: dict[str, np.ndarray], rng: np.random.Generator, augment: dict | None = None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Random training augmentation of one frame and its targets (see :data:`DEFAULT_AUGMENT`).
+
+    - horizontal flip: the image and every map are mirrored and angle bin ``b`` becomes
+      ``-b mod A`` (an image-plane angle ``a`` becomes ``-a``); a mirrored cell seen by a
+      mirrored camera is a physically valid scene, heights and widths are unchanged;
+    - shift: image and maps move together by up to ``shift_px`` pixels (zero weight where
+      nothing is known), like a small error of the camera's pose;
+    - colour: per-channel gain and offset.
+
+    Shapes: ``view_rgb (H, W, 3)`` uint8; targets as :func:`build_targets` returns them.
+    """
+    opt = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
+    img = view_rgb
+    t = dict(targets)
+    if rng.random() < float(opt["hflip"]):
+        img = img[:, ::-1]
+        for k, v in t.items():
+            t[k] = v[..., ::-1]
+        A = t["quality_target"].shape[0]
+        perm = np.mod(-np.arange(A), A)
+        t["quality_target"] = t["quality_target"][perm]
+        t["quality_weight"] = t["quality_weight"][perm]
+    s = int(opt["shift_px"])
+    if s > 0:
+        dx, dy = (int(v) for v in rng.integers(-s, s + 1, 2))
+        if dx or dy:
+            img = _shift(np.moveaxis(img, 2, 0), dx, dy)
+            img = np.moveaxis(img, 0, 2)
+            t = {k: _shift(v, dx, dy) for k, v in t.items()}
+    c = float(opt["color"])
+    if c > 0:
+        gain = 1.0 + rng.uniform(-c, c, 3)
+        offset = 255.0 * rng.uniform(-c, c, 3) / 2
+        img = np.clip(img.astype(np.float32) * gain + offset, 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(img), {k: np.ascontiguousarray(v) for k, v in t.items()}
+
+
 # ----------------------------------------------------------------------------- dataset
 class PolicyFrames(Dataset):
     """Sim frames in the network view with grasp-map targets (one item per frame).
 
     Args:
         root: a rendered dataset folder, or an opened
-            :class:`sim_render.dataset.SimFrameDataset`.
+            :class:`sim_render.reader.SimFrameDataset`.
         view: the network view; ``None`` gives ``network_view(calibration, view_size)``
             of the dataset's nominal calibration.
         view_size: ``(W, H)`` when ``view`` is None.
@@ -293,6 +354,8 @@ class PolicyFrames(Dataset):
         indices: the subset of frames to use (``None``: all).
         cache: keep each frame's preprocessed, translated image and compact labels in
             memory after the first read (about 100 KB per frame at 128x128).
+        augment: training augmentation (:data:`DEFAULT_AUGMENT` keys; ``None``: none).
+        seed: seed of the augmentation's random stream (per worker, per epoch it differs).
 
     Item:
         ``image`` ``(3, H, W)`` float32 normalised (:func:`to_network_input`); ``view_rgb``
@@ -309,8 +372,10 @@ class PolicyFrames(Dataset):
         targets: dict | None = None,
         indices: Sequence[int] | None = None,
         cache: bool = True,
+        augment: dict | None = None,
+        seed: int = 0,
     ) -> None:
-        from sim_render.dataset import SimFrameDataset
+        from sim_render.reader import SimFrameDataset
 
         self.frames = root if isinstance(root, SimFrameDataset) else SimFrameDataset(root)
         self.calibration: Calibration = self.frames.calibration
@@ -321,6 +386,18 @@ class PolicyFrames(Dataset):
         self.indices = np.arange(len(self.frames)) if indices is None else np.asarray(indices, dtype=np.int64)
         self.cache = bool(cache)
         self._cache: dict[int, dict] = {}
+        self.augment = None if augment is None else {**DEFAULT_AUGMENT, **dict(augment)}
+        self._seed = int(seed)
+        self._rng: np.random.Generator | None = None
+        self._rng_key: tuple | None = None
+
+    def _augment_rng(self) -> np.random.Generator:
+        # One stream per process: DataLoader workers get their own (torch seeds them apart).
+        key = (os.getpid(), torch.initial_seed())
+        if self._rng is None or self._rng_key != key:
+            self._rng = np.random.default_rng([self._seed, key[1] % (2**32)])
+            self._rng_key = key
+        return self._rng
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -328,6 +405,7 @@ class PolicyFrames(Dataset):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_cache"] = {}
+        state["_rng"], state["_rng_key"] = None, None
         return state
 
     def compact(self, i: int) -> dict:
@@ -371,9 +449,12 @@ class PolicyFrames(Dataset):
             rec["label_angle"], rec["label_success"], rec["label_width"], rec["label_z"],
             self.calibration.table_z, self.angle_bins, self.targets,
         )
+        view_rgb = rec["view_rgb"]
+        if self.augment is not None:
+            view_rgb, t = augment_item(view_rgb, t, self._augment_rng(), self.augment)
         out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in t.items()}
-        out["image"] = torch.from_numpy(to_network_input(rec["view_rgb"])[0])
-        out["view_rgb"] = torch.from_numpy(np.ascontiguousarray(rec["view_rgb"]))
+        out["image"] = torch.from_numpy(to_network_input(view_rgb)[0])
+        out["view_rgb"] = torch.from_numpy(np.ascontiguousarray(view_rgb))
         out["index"] = torch.tensor(int(self.indices[i]))
         return out
 
@@ -420,15 +501,17 @@ def make_policy_datasets(
     val_fraction: float = 0.1,
     seed: int = 0,
     cache: bool = True,
+    augment: dict | None = None,
 ) -> tuple[Dataset, Dataset | None, NetworkView, Calibration]:
     """Train and validation datasets over one or more rendered dataset folders.
 
     All folders must share the nominal calibration (the view is built from it).
+    ``augment`` applies to the training frames only.
 
     Returns:
         ``train``, ``val`` (``None`` when empty), the view, the nominal calibration.
     """
-    from sim_render.dataset import SimFrameDataset
+    from sim_render.reader import SimFrameDataset
 
     if not dataset_dirs:
         raise ValueError("no dataset folders given: render one with sim2real-render first")
@@ -446,7 +529,7 @@ def make_policy_datasets(
             raise ValueError(f"dataset {d} was rendered for another calibration than {dataset_dirs[0]}")
         tr, va = split_by_scene(frames, val_fraction, seed)
         kw = dict(view=view, angle_bins=angle_bins, translator=translator, targets=targets, cache=cache)
-        train_parts.append(PolicyFrames(frames, indices=tr, **kw))
+        train_parts.append(PolicyFrames(frames, indices=tr, augment=augment, seed=seed + len(train_parts), **kw))
         if len(va):
             val_parts.append(PolicyFrames(frames, indices=va, **kw))
     train = train_parts[0] if len(train_parts) == 1 else ConcatDataset(train_parts)

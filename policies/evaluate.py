@@ -57,6 +57,7 @@ __all__ = [
     "OnnxPolicy",
     "TorchPolicy",
     "OraclePolicy",
+    "OraclePixelPolicy",
     "RandomPolicy",
     "evaluate",
     "evaluate_domains",
@@ -98,13 +99,17 @@ class EvalContext:
     timing: Any
     force: float
     rng: np.random.Generator
+    camera: Calibration | None = None  # the actual (jittered) camera of this attempt's frame
+    view: NetworkView | None = None  # the policy's view, for OraclePixelPolicy
 
 
 class EvalPolicy(Protocol):
     """A policy under evaluation: ``policy(raw_rgb) -> DecodedGrasp``.
 
     ``uses_pixels = False`` lets the evaluator skip rendering (the policy is then called
-    with ``None``); ``bind(ctx)``, when present, is called before every attempt.
+    with ``None``); ``bind(ctx)``, when present, is called before every attempt;
+    ``takes_calibration = True`` means ``policy(raw_rgb, calibration=...)`` accepts the
+    calibration of the camera that took the frame.
     """
 
     name: str
@@ -130,6 +135,7 @@ class OnnxPolicy:
     """
 
     uses_pixels = True
+    takes_calibration = True
 
     def __init__(
         self,
@@ -150,10 +156,17 @@ class OnnxPolicy:
     def calibration(self) -> Calibration:
         return self.runner.calib
 
-    def __call__(self, raw_rgb: np.ndarray | None) -> DecodedGrasp:
-        maps = self.runner.infer(raw_rgb)
+    def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
+        """Grasp for one raw frame; ``calibration`` overrides the serving one for this frame."""
+        calib = self.runner.calib if calibration is None else calibration
+        if calibration is None:
+            maps = self.runner.infer(raw_rgb)
+        else:
+            from perception.preprocess import preprocess
+
+            maps = self.runner.infer_view(preprocess(raw_rgb, calib, self.runner.view))
         return decode_grasp(
-            maps.quality, maps.width, maps.height, self.runner.calib, self.runner.view, self.threshold,
+            maps.quality, maps.width, maps.height, calib, self.runner.view, self.threshold,
             workspace_margin=self.workspace_margin,
         )
 
@@ -170,6 +183,7 @@ class TorchPolicy:
     """
 
     uses_pixels = True
+    takes_calibration = True
 
     def __init__(
         self,
@@ -199,21 +213,25 @@ class TorchPolicy:
         self._torch = torch
         self.name = "torch"
 
-    def maps(self, raw_rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def maps(
+        self, raw_rgb: np.ndarray, calibration: Calibration | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``quality (A, H, W)``, ``width (H, W)``, ``height (H, W)`` of one raw frame."""
         from perception.preprocess import preprocess, to_network_input
 
         torch = self._torch
-        x = torch.from_numpy(to_network_input(preprocess(raw_rgb, self.calibration, self.view))).to(self.device)
+        calib = self.calibration if calibration is None else calibration
+        x = torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, self.view))).to(self.device)
         with torch.no_grad():
             out = self.net(x)
         q = torch.sigmoid(out["quality_logits"])[0].cpu().numpy()
         return q, out["width"][0, 0].cpu().numpy(), out["height"][0, 0].cpu().numpy()
 
-    def __call__(self, raw_rgb: np.ndarray | None) -> DecodedGrasp:
-        q, w, h = self.maps(raw_rgb)
-        return decode_grasp(q, w, h, self.calibration, self.view, self.threshold,
-                            workspace_margin=self.workspace_margin)
+    def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
+        """Grasp for one raw frame; ``calibration`` overrides the policy's for this frame."""
+        calib = self.calibration if calibration is None else calibration
+        q, w, h = self.maps(raw_rgb, calib)
+        return decode_grasp(q, w, h, calib, self.view, self.threshold, workspace_margin=self.workspace_margin)
 
 
 class OraclePolicy:
@@ -251,6 +269,53 @@ class OraclePolicy:
         if not good:
             return DecodedGrasp(None, None, None, f"none of {len(labelled)} labeller candidates succeeded")
         return _decoded(good[0].grasp, ctx.calib)
+
+
+class OraclePixelPolicy(OraclePolicy):
+    """The oracle's grasp as a perfect *pixel* policy would output it (a diagnostic bracket).
+
+    The oracle's grasp is projected into the frame through the camera that actually rendered
+    it (centre and fingertips), mapped into the network view with the calibration the policy
+    is given (the nominal one, or the frame's own with ``camera_calibration="actual"``),
+    snapped to the view's pixel grid and angle bins, and back-projected through that
+    calibration at the grasp's true height: exactly what a policy that never errs on the
+    image would execute. Its rate is the ceiling that calibration error (the profile's
+    camera jitter, in ``"nominal"`` mode) and the map's discretisation leave.
+
+    Args:
+        view: the policy's network view (``network_view(calib, size)``).
+        angle_bins: the policy's angle bins.
+    """
+
+    name = "oracle_pixels"
+    uses_pixels = True
+    takes_calibration = True
+
+    def __init__(self, view: NetworkView, angle_bins: int = 12, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.view, self.angle_bins = view, int(angle_bins)
+
+    def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
+        from perception.geometry import raw_to_view_pixels
+        from perception.grasp import angle_bin_centers, angle_to_bin, view_grasp_to_base
+
+        dec = super().__call__(raw_rgb)
+        ctx = self.ctx
+        if dec.grasp is None or ctx is None or ctx.camera is None or raw_rgb is None:
+            return dec
+        g = dec.grasp
+        pts = np.concatenate([np.asarray([g.position]), g.fingertips()])
+        raw = project_points(pts, ctx.camera)  # the camera that took the frame (its size)
+        calib = ctx.calib if calibration is None else calibration  # what the policy is told
+        uv = raw_to_view_pixels(raw, calib.scaled((raw_rgb.shape[1], raw_rgb.shape[0])), self.view)
+        line = uv[2] - uv[1]
+        a = angle_bin_centers(self.angle_bins)[angle_to_bin(np.arctan2(line[1], line[0]), self.angle_bins)]
+        centre = np.rint(uv[:1])
+        pos, yaw, _ = view_grasp_to_base(centre, np.array([a]), np.array([10.0]), np.array([g.position[2]]),
+                                         calib, self.view)
+        grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=g.width, quality=1.0)
+        out = _decoded(grasp, calib)
+        return DecodedGrasp(out.grasp, (float(centre[0, 0]), float(centre[0, 1])), out.pixel, None)
 
 
 class RandomPolicy:
@@ -345,6 +410,7 @@ def evaluate(
     time_limit_s: float | None = None,
     keep_episodes: bool = True,
     no_grasp: str = "end_episode",
+    camera_calibration: str = "actual",
 ) -> dict:
     """Run the closed loop on one domain (see the module docstring for the protocol).
 
@@ -363,6 +429,10 @@ def evaluate(
         no_grasp: what a "no grasp" answer does: ``"end_episode"`` (the default: the policy
             says nothing left is worth grasping; the episode ends, the objects left count
             against clearance, no attempt is counted) or ``"attempt"`` (a failed attempt).
+        camera_calibration: the calibration a pixel policy gets with each frame:
+            ``"actual"`` (default) the camera that rendered it, as a user who calibrated their
+            camera gives it (policies with ``takes_calibration``); ``"nominal"`` the policy's
+            own, so the profile's camera jitter acts as calibration error.
 
     Returns:
         ``domain``, ``policy``, ``episodes``, ``objects``, ``attempts``, ``successes``,
@@ -373,6 +443,8 @@ def evaluate(
     from sim_render.randomization import render_randomized
     from sim_render.scene import SceneRenderer, render_size
 
+    if camera_calibration not in ("actual", "nominal"):
+        raise ValueError(f"camera_calibration must be 'actual' or 'nominal', got {camera_calibration!r}")
     if no_grasp not in ("end_episode", "attempt"):
         raise ValueError(f"no_grasp must be 'end_episode' or 'attempt', got {no_grasp!r}")
     if isinstance(domain_profile_cfg, str):
@@ -402,13 +474,16 @@ def evaluate(
             strays0 = _drop_strays(cell)
             ep["strays"] = strays0
             while cell.bodies.objects and ep["attempts"] < max_attempts_per_object * n0:
-                ctx = EvalContext(cell, hand, st["calib"], cfg, st["timing"], force, ep_rng)
-                if hasattr(policy, "bind"):
-                    policy.bind(ctx)
-                rgb = None
+                rgb, camera = None, None
                 if uses_pixels:
-                    rgb = render_randomized(cell.client, cell.bodies, st["calib"], rngs["visuals"], cfg).rgb
-                dec = policy(rgb)
+                    frame = render_randomized(cell.client, cell.bodies, st["calib"], rngs["visuals"], cfg)
+                    rgb, camera = frame.rgb, frame.camera
+                if hasattr(policy, "bind"):
+                    policy.bind(EvalContext(cell, hand, st["calib"], cfg, st["timing"], force, ep_rng, camera))
+                if camera is not None and camera_calibration == "actual" and getattr(policy, "takes_calibration", False):
+                    dec = policy(rgb, calibration=camera.scaled(tuple(st["calib"].image_size)))
+                else:
+                    dec = policy(rgb)
                 if dec.grasp is None:
                     totals["no_grasp"] += 1
                     key = (dec.reason or "no grasp").split("(")[0].strip()
@@ -460,6 +535,7 @@ def evaluate(
         "scene_seed": EVAL_SEED_BASE + int(seed),
         "episode_range": [int(episode_offset), int(episode_offset) + len(episodes)],
         "render_size": list(render_size(calib, float(cfg.resolution_scale))) if uses_pixels else None,
+        "camera_calibration": camera_calibration if uses_pixels else None,
         "time_s": time.perf_counter() - t0,
         "truncated": truncated,
         "reasons": reasons,
@@ -481,6 +557,7 @@ def evaluate_domains(
     render_scale: float | None = None,
     keep_episodes: bool = False,
     no_grasp: str = "end_episode",
+    camera_calibration: str = "actual",
 ) -> dict:
     """The policy on each domain, plus the brackets once (on ``bracket_domain``).
 
@@ -492,7 +569,8 @@ def evaluate_domains(
     out: dict[str, Any] = {"policy": {}, "brackets": {}}
     for d in domains if policy is not None else ():
         out["policy"][d] = evaluate(
-            policy, d, calib, n_episodes, seed, render_scale, keep_episodes=keep_episodes, no_grasp=no_grasp
+            policy, d, calib, n_episodes, seed, render_scale, keep_episodes=keep_episodes, no_grasp=no_grasp,
+            camera_calibration=camera_calibration,
         )
     make = {"oracle": OraclePolicy, "random": RandomPolicy}
     for b in brackets:
@@ -531,7 +609,7 @@ def run_eval(cfg: DictConfig) -> dict:
     res = evaluate_domains(
         policy, list(cfg.domains), calib, int(cfg.n_episodes), int(cfg.seed), list(cfg.brackets),
         str(cfg.bracket_domain), cfg.bracket_episodes, cfg.render_scale, keep_episodes=bool(cfg.keep_episodes),
-        no_grasp=str(cfg.no_grasp),
+        no_grasp=str(cfg.no_grasp), camera_calibration=str(cfg.camera_calibration),
     )
     result.update(res)
     out = Path(cfg.output) if cfg.output else (Path(cfg.artifact) / "eval.json" if cfg.artifact else Path("eval.json"))

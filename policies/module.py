@@ -4,7 +4,13 @@ Losses (see ``conf/policy/default.yaml`` ``loss``):
 
 - quality: binary cross-entropy on the labelled (pixel, angle bin) entries, normalised by
   their weight (``pos_weight`` scales the successes), plus ``dense_negative_weight`` times
-  the mean cross-entropy of the table and bin pixels towards 0 in every bin;
+  the mean cross-entropy of the table and bin pixels towards 0 in every bin, plus
+  ``object_negative_weight`` times the same on the *unlabelled* (pixel, bin) entries of
+  object pixels (positive-unlabelled learning: the labels are a sparse sample of the
+  graspable places, so the score of a place follows how often it was labelled a success,
+  and the other angle bins of a labelled place are pushed down: without it the network
+  is free to call every object pixel good at every angle, and the decode's arg-max picks
+  one of them at random);
 - height: weighted smooth-L1 (metres, ``beta=0.01``) against the dense height target;
 - width: smooth-L1 on the pixels of successful labels.
 
@@ -32,6 +38,7 @@ DEFAULT_LOSS: dict[str, float] = {
     "quality_weight": 1.0,
     "pos_weight": 1.0,
     "dense_negative_weight": 0.5,
+    "object_negative_weight": 0.5,  # unlabelled (pixel, bin) entries on objects: weak negatives
     "height_weight": 20.0,  # metres are small: 20 x smooth-L1(beta 1 cm) ~ the BCE scale
     "width_weight": 20.0,
 }
@@ -62,10 +69,17 @@ def grasp_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], l
     bce = F.binary_cross_entropy_with_logits(logits, tq, reduction="none")
     w = wq * (1.0 + (float(c["pos_weight"]) - 1.0) * tq)
     label_loss = (w * bce).sum() / w.sum().clamp_min(1.0)
-    dense = batch["dense_negative"].unsqueeze(1) & (wq == 0)
-    dense_f = dense.float()
-    dense_loss = (F.softplus(logits) * dense_f).sum() / dense_f.sum().clamp_min(1.0)  # BCE towards 0
-    quality_loss = label_loss + float(c["dense_negative_weight"]) * dense_loss
+    unlabelled = wq == 0
+    dense_f = (batch["dense_negative"].unsqueeze(1) & unlabelled).float()
+    neg = F.softplus(logits)  # BCE towards 0
+    dense_loss = (neg * dense_f).sum() / dense_f.sum().clamp_min(1.0)
+    obj_f = (batch["object_mask"].unsqueeze(1) & unlabelled).float()
+    object_loss = (neg * obj_f).sum() / obj_f.sum().clamp_min(1.0)
+    quality_loss = (
+        label_loss
+        + float(c["dense_negative_weight"]) * dense_loss
+        + float(c["object_negative_weight"]) * object_loss
+    )
 
     hw = batch["height_weight"]
     h_err = F.smooth_l1_loss(out["height"][:, 0], batch["height_target"], reduction="none", beta=0.01)
@@ -83,6 +97,7 @@ def grasp_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], l
         "quality_loss": quality_loss,
         "label_loss": label_loss,
         "dense_loss": dense_loss,
+        "object_loss": object_loss,
         "height_loss": height_loss,
         "width_loss": width_loss,
     }

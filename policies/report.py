@@ -10,27 +10,13 @@ import numpy as np
 
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration
-from perception.draw import FAILURE_COLOR, SUCCESS_COLOR, draw_grasp, label_image, panel
-from perception.geometry import project_points
+from perception.draw import SUCCESS_COLOR, draw_grasp, label_image, panel
+from perception.overlay import draw_decoded
 
-__all__ = ["write_report", "draw_base_grasp", "eval_rows"]
+__all__ = ["write_report", "eval_rows"]
 
 #: Frames per row of the image panel.
 PANEL_FRAMES = 4
-
-
-def draw_base_grasp(raw_rgb: np.ndarray, decoded: Any, calib: Calibration) -> np.ndarray:
-    """A raw frame with the policy's grasp drawn through the calibration (or its reason)."""
-    img = np.ascontiguousarray(raw_rgb).copy()
-    if decoded.grasp is None:
-        return label_image(img, f"no grasp: {decoded.reason}"[:60])
-    cal = calib.scaled((img.shape[1], img.shape[0]))
-    tips = project_points(decoded.grasp.fingertips(), cal)
-    center = project_points(np.asarray(decoded.grasp.position)[None], cal)[0]
-    line = tips[1] - tips[0]
-    color = SUCCESS_COLOR if decoded.grasp.quality >= 0.5 else FAILURE_COLOR
-    draw_grasp(img, center, float(np.arctan2(line[1], line[0])), float(np.linalg.norm(line)), color, 2)
-    return label_image(img, f"q={decoded.grasp.quality:.2f}")
 
 
 def eval_rows(evaluation: dict) -> list[dict]:
@@ -87,7 +73,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
     sim_rows, view_rows = [], []
     for i in range(n):
         raw = ds[i]["rgb"]
-        sim_rows.append(label_image(draw_base_grasp(raw, policy(raw), calib), f"sim #{i}"))
+        sim_rows.append(label_image(draw_decoded(raw, policy(raw), calib), f"sim #{i}"))
         view = runner.preprocess(raw)
         shown = translator(view) if translator is not None else view
         maps = runner.infer_view(shown)
@@ -100,7 +86,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
     real_rows = []
     for path in list_real_frames(real_dir)[:PANEL_FRAMES]:
         raw = read_rgb(path)
-        real_rows.append(label_image(draw_base_grasp(raw, policy(raw), calib), path.name[:24]))
+        real_rows.append(label_image(draw_decoded(raw, policy(raw), calib), path.name[:24]))
     rows = [r for r in (sim_rows, view_rows, real_rows) if r]
     if not rows:
         return None

@@ -98,6 +98,7 @@ def train_policy(
         [str(d) for d in dataset_dirs], None, view_size, angle_bins, translator,
         OmegaConf.to_container(pcfg.targets, resolve=True), float(pcfg.val_fraction), int(seed),
         bool(pcfg.get("cache", True)),
+        OmegaConf.to_container(pcfg.augment, resolve=True) if pcfg.get("augment") else None,
     )
     if len(train_ds) == 0:
         raise ValueError(f"no training frames in {list(dataset_dirs)}")

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from adaptation.data import AdaptDataModule, preprocess_labels
+from adaptation.data import AdaptDataModule
 from adaptation.module import CycleGANModule
 from adaptation.train import build_logger, compose_config
 from perception.calibration import Calibration, default_calibration_path
 from perception.geometry import network_view
-from perception.preprocess import preprocess
+from perception.preprocess import preprocess, preprocess_labels
 
 
 @pytest.mark.parametrize("adaptation", ["cyclegan", "cyclegan_resnet9", "cut"])

@@ -105,3 +105,39 @@ def test_eval_config_composes():
     assert cfg.artifact == "/some/dir" and cfg.n_episodes == 3
     assert list(cfg.brackets) == ["oracle", "random"]
     assert cfg.no_grasp in ("end_episode", "attempt")
+
+
+def test_eval_cli_writes_json(tmp_path, calib, view):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from policies.export import export_artifact
+    from policies.networks import GraspNet
+
+    art = export_artifact(GraspNet(angle_bins=6, base_channels=8), view, calib, {"quality_threshold": 0.5},
+                          tmp_path / "artifact")
+    out = tmp_path / "eval.json"
+    exe = Path(sys.executable).with_name("sim2real-eval")
+    proc = subprocess.run(
+        [str(exe), f"artifact={art}", f"output={out}", "n_episodes=1", "domains=[canonical]", "brackets=[random]",
+         "bracket_episodes=1", "render_scale=0.25"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert set(res["policy"]) == {"canonical"} and set(res["brackets"]) == {"random"}
+    assert res["policy"]["canonical"]["episodes"] == 1
+    assert "canonical" in proc.stdout
+
+
+def test_eval_cli_refuses_a_missing_artifact(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("sim2real-eval")
+    proc = subprocess.run([str(exe), f"artifact={tmp_path / 'nope'}", "n_episodes=1"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "artifact" in proc.stderr

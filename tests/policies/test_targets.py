@@ -127,10 +127,49 @@ def test_policy_frames_on_rendered_data(rendered, view):
 
 
 def test_split_by_scene_keeps_scenes_whole(rendered):
-    from sim_render.dataset import SimFrameDataset
+    from sim_render.reader import SimFrameDataset
 
     frames = SimFrameDataset(rendered)
     tr, va = split_by_scene(frames, 0.3, seed=0)
     assert len(va) > 0 and len(tr) > 0 and not set(tr) & set(va)
     scenes = [frames[i]["scene"] for i in range(len(frames))]
     assert not {scenes[i] for i in tr} & {scenes[i] for i in va}
+
+
+def test_hflip_mirrors_pixels_and_angle_bins():
+    from perception.grasp import angle_bin_centers, normalize_angle
+    from policies.data import augment_item
+
+    H, W = 16, 20
+    seg = np.zeros((H, W), np.uint8)
+    t = build_targets(seg, np.ones((H, W), bool), np.zeros((H, W), np.float32), np.array([[3.0, 5.0]]),
+                      np.array([0.4]), np.array([True]), np.array([0.05]), np.array([0.02]), 0.0, A,
+                      {"label_radius": 0.0})
+    img = np.zeros((H, W, 3), np.uint8)
+    img[5, 3] = 255
+    rng = np.random.default_rng(0)
+    out_img, out = augment_item(img, t, rng, {"hflip": 1.0, "shift_px": 0, "color": 0.0})
+    assert out_img[5, W - 1 - 3].max() == 255
+    b = int(np.flatnonzero(out["quality_weight"][:, 5, W - 1 - 3])[0])
+    assert abs(normalize_angle(angle_bin_centers(A)[b] + 0.4)) <= np.pi / A / 2 + 1e-9
+    assert out["height_target"][5, W - 1 - 3] == pytest.approx(0.02)
+    back_img, back = augment_item(out_img, out, rng, {"hflip": 1.0, "shift_px": 0, "color": 0.0})
+    assert np.array_equal(back_img, img)
+    for k in t:
+        assert np.array_equal(back[k], t[k]), k
+
+
+def test_shift_moves_image_and_targets_together():
+    from policies.data import augment_item
+
+    H, W = 16, 20
+    seg = np.zeros((H, W), np.uint8)
+    t = build_targets(seg, np.ones((H, W), bool), np.zeros((H, W), np.float32), np.array([[10.0, 8.0]]),
+                      np.array([0.0]), np.array([True]), np.array([0.05]), np.array([0.02]), 0.0, A,
+                      {"label_radius": 0.0})
+    img = np.zeros((H, W, 3), np.uint8)
+    img[8, 10] = 200
+    for seed in range(5):
+        out_img, out = augment_item(img, t, np.random.default_rng(seed), {"hflip": 0.0, "shift_px": 3, "color": 0.0})
+        v, u = np.argwhere(out_img[..., 0] == 200)[0]
+        assert out["quality_weight"][0, v, u] == 1.0 and out["quality_weight"].sum() == 1.0

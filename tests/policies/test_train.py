@@ -90,3 +90,29 @@ def test_consistency_finetune_moves_the_generator_only(rendered, view):
     assert any(not torch.equal(a, b) for a, b in zip(g0, gen.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(p0, policy.parameters()))
     assert all(p.requires_grad for p in policy.parameters())
+
+
+def test_train_cli_fast_dev_run(rendered, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("sim2real-train-policy")
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [str(exe), f"dataset_dirs=[{rendered}]", f"output_dir={out}", "fast_dev_run=true",
+         "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "artifact" / "metadata.json").is_file()
+
+
+def test_train_cli_refuses_no_data(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("sim2real-train-policy")
+    proc = subprocess.run([str(exe), f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "dataset_dirs" in proc.stderr
