@@ -101,9 +101,11 @@ def build_logger(lcfg: DictConfig | None, output_dir: Path, run_id: str | None) 
 
 
 def _new_run_id() -> str:
+    """A new W&B run id; the one in ``WANDB_RUN_ID`` wins (a W&B sweep agent sets it per run)."""
+    import os
     import secrets
 
-    return secrets.token_hex(4)
+    return os.environ.get("WANDB_RUN_ID") or secrets.token_hex(4)
 
 
 def _require(cfg: DictConfig, key: str, hint: str) -> str:
@@ -149,7 +151,8 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
     dm.setup("fit")  # read and check every frame now: bad inputs stop before any training starts
     ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), out)
     module = CycleGANModule(resolved, output_dir=str(out))
-    run_id = (_checkpoint_extra(ckpt).get("wandb_run_id") if ckpt else None) or _new_run_id()
+    outer_run = getattr(sys.modules.get("wandb"), "run", None)  # a caller's (the pipeline's): joined, kept open
+    run_id = (_checkpoint_extra(ckpt).get("wandb_run_id") if ckpt else None) or getattr(outer_run, "id", None) or _new_run_id()
     module.run_id = run_id
     logger = build_logger(cfg.get("logger"), out, run_id)
 
@@ -195,18 +198,19 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
         if trainer.is_global_zero:
             atomic_write_text(out / REPORT_NAME, json.dumps(_jsonable(report), indent=2) + "\n")
     finally:
-        _finish_logger(logger)
+        _finish_logger(logger, keep=outer_run)
     return report
 
 
-def _finish_logger(logger: Any) -> None:
-    """Close the W&B run, so that a later run in the same process (the pipeline) starts its own."""
+def _finish_logger(logger: Any, keep: Any = None) -> None:
+    """Close the W&B run, so that a later run in the same process starts its own; ``keep``, a
+    run the caller opened before (the pipeline's, which this one joined), stays open."""
     from pytorch_lightning.loggers import WandbLogger
 
     if isinstance(logger, WandbLogger):
         import wandb
 
-        if wandb.run is not None:
+        if wandb.run is not None and wandb.run is not keep:
             wandb.finish()
 
 

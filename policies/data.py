@@ -70,6 +70,8 @@ DEFAULT_TARGETS: dict[str, Any] = {
     "object_height_weight": 2.0,  # height-loss weight on object pixels (seg >= 3)
     "angle_spread": 0,  # also mark +-k neighbouring angle bins of a label ...
     "angle_spread_weight": 0.3,  # ... with this weight
+    "geometric_weight": 0.0,  # weight of the dense geometric pseudo-labels (policies.geometric); 0: off
+    "geometric_max_cells": 1500,  # object cells evaluated per frame (a random subset beyond)
 }
 
 #: Defaults of the ``augment`` section of ``conf/policy/*.yaml`` (training frames only).
@@ -186,6 +188,7 @@ def build_targets(
     table_z: float,
     angle_bins: int,
     targets: dict | None = None,
+    geometric: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Dense targets of one frame in the view.
 
@@ -201,6 +204,8 @@ def build_targets(
         table_z: the table height.
         angle_bins: ``A``.
         targets: options (:data:`DEFAULT_TARGETS` keys).
+        geometric: dense pseudo-labels (:func:`policies.geometric.splat_view_labels`), used
+            with weight ``geometric_weight`` on entries without a physics label.
 
     Returns:
         ``quality_target``, ``quality_weight`` ``(A, H, W)`` float32; ``dense_negative``,
@@ -274,6 +279,16 @@ def build_targets(
     height_weight[zl] = float(opt["label_height_weight"])
     width_mask = w_cnt > 0
     width_target = np.where(width_mask, w_sum / np.maximum(w_cnt, 1.0), 0.0).astype(np.float32)
+    gw = float(opt["geometric_weight"])
+    if geometric is not None and gw > 0 and len(geometric["index"]):
+        idx = np.asarray(geometric["index"], dtype=np.int64)
+        free = quality_weight.reshape(-1)[idx] == 0
+        idx = idx[free]
+        quality_target.reshape(-1)[idx] = np.asarray(geometric["target"])[free]
+        quality_weight.reshape(-1)[idx] = gw * np.asarray(geometric["weight"])[free]
+        gm = np.asarray(geometric["mask"]) & ~width_mask
+        width_target[gm] = np.asarray(geometric["width"])[gm]
+        width_mask = width_mask | gm
     return {
         "quality_target": quality_target,
         "quality_weight": quality_weight,
@@ -426,7 +441,19 @@ class PolicyFrames(Dataset):
         surface = surface_height_view(item["depth"], item["camera"], raw_calib, self.view)
         g = item["grasps"]
         uv, angle, _ = labels_to_view(g, raw_calib, self.view)
+        geometric = None
+        if float(self.targets["geometric_weight"]) > 0:
+            from policies.geometric import geometric_grasps, geometric_view_labels, height_grid, splat_view_labels
+
+            grid = height_grid(np.asarray(item["depth"]), np.asarray(item["seg"]), item["camera"])
+            gg = geometric_grasps(*grid, self.calibration.table_z, self.angle_bins,
+                                  max_cells=int(self.targets["geometric_max_cells"]),
+                                  rng=np.random.default_rng(j))
+            geometric = splat_view_labels(geometric_view_labels(gg, item["camera"], raw_calib, self.view), self.view,
+                                          self.angle_bins)
+            geometric = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in geometric.items()}
         rec = {
+            "geometric": geometric,
             "view_rgb": view_rgb,
             "seg_view": seg_view,
             "valid": valid,
@@ -447,7 +474,7 @@ class PolicyFrames(Dataset):
         t = build_targets(
             rec["seg_view"], rec["valid"], rec["surface_z"].astype(np.float32), rec["label_uv"],
             rec["label_angle"], rec["label_success"], rec["label_width"], rec["label_z"],
-            self.calibration.table_z, self.angle_bins, self.targets,
+            self.calibration.table_z, self.angle_bins, self.targets, rec.get("geometric"),
         )
         view_rgb = rec["view_rgb"]
         if self.augment is not None:

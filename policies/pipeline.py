@@ -77,7 +77,21 @@ def _plain(node: Any) -> Any:
 
 
 def run_pipeline(cfg: DictConfig) -> dict:
-    """Run the whole pipeline that ``cfg`` (``conf/pipeline.yaml``) describes."""
+    """Run the whole pipeline that ``cfg`` (``conf/pipeline.yaml``) describes.
+
+    With ``logger=wandb`` the whole run is one W&B run (:func:`policies.tracking.pipeline_run`):
+    the trainers log into it, and the report's table, plot and panels go into it at the end.
+    """
+    from policies.tracking import pipeline_run
+
+    with pipeline_run(cfg) as tracking:
+        report = _run_pipeline(cfg)
+        tracking.log_report(report, Path(str(cfg.output_dir)))
+    return report
+
+
+def _run_pipeline(cfg: DictConfig) -> dict:
+    from policies.tracking import logger_name
     from sim_render.api import render_config
     from sim_render.cli import render
 
@@ -115,7 +129,8 @@ def run_pipeline(cfg: DictConfig) -> dict:
         real_dir = Path(real_res["real_dir"])
 
     # -- sim data for the policy (and the translator).
-    render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides]
+    render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides,
+                   *(cfg.randomization.overrides if cfg.get("randomization") else [])]
     render_payload = {"calibration": calib.digest(), "n": int(budget.render.n_scenes), "seed": seed,
                       "overrides": render_over}
 
@@ -142,7 +157,7 @@ def run_pipeline(cfg: DictConfig) -> dict:
                      "calibration": calib.digest(), "seed": seed}
 
         def make_adapt(d: Path) -> dict:
-            acfg = adapt_compose([f"adaptation={cfg.adaptation.name}", f"logger={cfg.logger}"])
+            acfg = adapt_compose([f"adaptation={cfg.adaptation.name}", f"logger={logger_name(cfg.get('logger'))}"])
             OmegaConf.set_struct(acfg, False)
             acfg.adaptation = OmegaConf.create(adaptation)
             for k, v in a_budget.items():
@@ -164,7 +179,8 @@ def run_pipeline(cfg: DictConfig) -> dict:
     p_payload = {"policy": p_cfg, "sim": sim_hash, "adapt": adapt_hash, "seed": seed}
 
     def make_policy(d: Path) -> dict:
-        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed}), [str(sim_path)], d,
+        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": _plain(cfg.get("logger"))}),
+                               [str(sim_path)], d,
                                translator=translator, seed=seed)
         return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
                                         "n_train_frames", "n_val_frames", "adapted")}

@@ -120,7 +120,8 @@ def train_policy(
     )
 
     from pytorch_lightning.callbacks import ModelCheckpoint
-    from pytorch_lightning.loggers import CSVLogger
+
+    from policies.tracking import policy_logger
 
     val_every = int(pcfg.val_every_n_steps)
     ckpt_cb = ModelCheckpoint(
@@ -130,28 +131,34 @@ def train_policy(
     max_time = None
     if pcfg.get("max_time_s"):
         max_time = datetime.timedelta(seconds=float(pcfg.max_time_s))
+    # A trainer group (conf/trainer/*.yaml, e.g. trainer=ddp) wins over the policy's device keys.
+    tkw: dict[str, Any] = {"accelerator": str(pcfg.accelerator), "devices": pcfg.devices,
+                           "precision": pcfg.precision, "enable_progress_bar": False, "deterministic": False}
+    if full.get("trainer"):
+        tkw.update(OmegaConf.to_container(full.trainer, resolve=True))
+    tlog = policy_logger(full.get("logger"), out, OmegaConf.to_container(full, resolve=True), resume=resume)
     trainer = pl.Trainer(
         default_root_dir=str(out),
         max_steps=int(pcfg.max_steps),
         max_epochs=-1,
         max_time=max_time,
-        accelerator=str(pcfg.accelerator),
-        devices=pcfg.devices,
-        precision=pcfg.precision,
-        logger=CSVLogger(str(out), name="logs", version=""),
+        logger=tlog.logger,
         callbacks=[ckpt_cb, *callbacks],
         val_check_interval=val_every if val_loader is not None else None,
         check_val_every_n_epoch=None,
         limit_val_batches=pcfg.limit_val_batches if val_loader is not None else 0,
         num_sanity_val_steps=0,
         log_every_n_steps=int(pcfg.log_every_n_steps),
-        enable_progress_bar=False,
         enable_model_summary=False,
         fast_dev_run=fast_dev_run,
-        deterministic=False,
+        **tkw,
     )
     t0 = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader, ckpt_path=str(resume) if resume else None)
+    try:
+        trainer.fit(module, train_loader, val_loader, ckpt_path=str(resume) if resume else None)
+    except BaseException:
+        tlog.finish(failed=True)
+        raise
     train_time = time.perf_counter() - t0
     metrics = {k: v for k, v in _float_metrics(trainer.callback_metrics).items() if k.startswith("train/")}
     if val_loader is not None:
@@ -161,7 +168,8 @@ def train_policy(
     ckpt_path = out / "policy.ckpt"
     trainer.save_checkpoint(str(ckpt_path), weights_only=False)
     config_path = out / "config.yaml"
-    atomic_write_text(config_path, OmegaConf.to_yaml(full, resolve=True))
+    if trainer.is_global_zero:  # (DDP: the other ranks write nothing)
+        atomic_write_text(config_path, OmegaConf.to_yaml(full, resolve=True))
     summary: dict[str, Any] = {
         "checkpoint": str(ckpt_path),
         "artifact": None,
@@ -175,7 +183,7 @@ def train_policy(
         "device": str(module.device),
         "adapted": translator is not None,
     }
-    if export:
+    if export and trainer.is_global_zero:
         from policies.export import export_artifact
 
         sample = next(iter(val_loader if val_loader is not None else train_loader))["image"][:2].numpy()
@@ -185,7 +193,9 @@ def train_policy(
                                               "n_val_frames", "adapted")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
         )
         summary["artifact"] = str(art)
-    atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1, default=_jsonable) + "\n")
+    if trainer.is_global_zero:
+        atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1, default=_jsonable) + "\n")
+    tlog.finish()
     return summary
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -43,9 +44,25 @@ def config_hash(calib: Calibration, render_cfg: DictConfig, seed: int, scenes_pe
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def parse_shard_range(text: str | None) -> tuple[int, int] | None:
+def parse_shard_range(text: str | None, n_shards: int | None = None) -> tuple[int, int] | None:
+    """``"a:b"`` -> ``(a, b)``: shards ``a .. b-1``; ``"i/n"`` -> the ``i``-th (from 0) of ``n``
+    near-equal, contiguous parts of the ``n_shards`` shards (what a launcher fanning out over
+    ``shards=0/n,1/n,...`` needs); ``None`` for the whole dataset."""
     if text in (None, "", "null"):
         return None
+    if "/" in str(text):
+        try:
+            i, n = (int(v) for v in str(text).split("/"))
+        except ValueError as exc:
+            raise ValueError(f"shards must look like 'a:b' or 'i/n' (part i of n, from 0), got {text!r}") from exc
+        if n_shards is None:
+            raise ValueError(f"shards={text!r}: the number of shards is needed to split them into parts")
+        if not 0 <= i < n or n > n_shards:
+            raise ValueError(
+                f"shards={text!r}: need 0 <= i < n <= the dataset's {n_shards} shards "
+                "(fewer parts, or a smaller scenes_per_shard)"
+            )
+        return i * n_shards // n, (i + 1) * n_shards // n
     try:
         a, b = (int(v) for v in str(text).split(":"))
     except ValueError as exc:
@@ -82,7 +99,7 @@ def render(cfg: DictConfig) -> dict:
         make_frames=SceneRenderer(calib, cfg.render, int(cfg.seed)),
         meta=meta,
         workers=int(cfg.workers),
-        shard_range=parse_shard_range(cfg.shards),
+        shard_range=parse_shard_range(cfg.shards, math.ceil(int(cfg.n_scenes) / max(int(cfg.scenes_per_shard), 1))),
         progress=True,
     )
 

@@ -378,6 +378,7 @@ def render_shards(
                 ordered = [f for s in sorted(done) for f in done[s]]
                 write_shard(out_dir / "shards" / f"{shard_name(k)}.npz", ordered, shard_meta)
                 rendered.append(shard_name(k))
+                log.info("wrote %s (scenes %d..%d)", shard_name(k), lo, hi - 1)
 
     outside = [k for k in range(n_shards) if not a <= k < b]
     missing = [shard_name(k) for k in outside if not _shard_ready(out_dir, k, expected, full_check=False)]

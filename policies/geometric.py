@@ -1,0 +1,264 @@
+"""Dense geometric pseudo-labels: the labeller's grasp rule evaluated everywhere on the objects.
+
+The physics-verified labels are sparse (about 30 grasps per scene) and mostly say *where*
+grasps succeed, rarely *at which angles they fail*. The labeller's candidates come from a
+geometric rule (:func:`sim_render.labels.heuristic_candidates`): close across a part whose
+cross-section is narrower than the opening, with free space where the fingers land. This
+module evaluates the same rule densely, for every top-down cell of the objects and every
+yaw, on a height map rebuilt from the frame's depth image, and returns the verdicts as
+pseudo-labels (weighted below the physics labels, which override them):
+
+1. :func:`height_grid`: the depth image back-projected through the camera that took it,
+   max-pooled into a top-down grid (cells nobody saw are *unknown*, not empty);
+2. :func:`geometric_grasps`: for each object cell and yaw, a grasp centred on the cell at
+   the labeller's fingertip height (the cell's top minus ``GRASP_DEPTH``) with the opening
+   symmetric about the cell: *positive* when the part under the centre is narrower than
+   the opening allows and both finger landing zones are free, *negative* when the part is
+   too wide or a finger lands on something; cells the camera did not see (the shadow
+   behind a part) count as free and make the verdict *uncertain* (weighted lower);
+3. :func:`geometric_view_labels`: the grasps projected into the network view (through the
+   real camera to raw pixels, then the nominal calibration, like the physics labels).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cv2
+import numpy as np
+
+from perception.calibration import Calibration
+from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_points
+from perception.geometry import NetworkView, project_points, raw_pixels_to_rays, raw_to_view_pixels
+from perception.grasp import angle_to_bin, normalize_angle
+
+__all__ = ["height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels"]
+
+#: Margin of the grid around the workspace, metres (the bin walls are in it).
+GRID_MARGIN = 0.06
+#: Height above the fingertips that counts as "in the way", metres (the labeller's 3 mm).
+ABOVE_TIPS = 0.003
+
+
+def height_grid(
+    depth: np.ndarray, seg: np.ndarray, camera: Calibration, resolution: float = 0.004, fill_iterations: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Top-down height grid over the workspace (plus :data:`GRID_MARGIN`) from one depth frame.
+
+    Args:
+        depth: ``(h, w)`` metres along the camera's ``z`` (0 = nothing).
+        seg: ``(h, w)`` segmentation labels (objects are ``>= 3``).
+        camera: the camera that took the frame, at ``(w, h)``.
+        resolution: cell size, metres.
+        fill_iterations: unseen cells next to seen ones take their highest neighbour's height
+            this many times (closes the gaps between pixel footprints).
+
+    Returns:
+        ``xs (nx,)``, ``ys (ny,)`` cell centres; ``height (ny, nx)`` the highest point seen
+        in each cell (``-inf`` where nothing was seen); ``known (ny, nx)``; ``is_object
+        (ny, nx)`` whether that highest point is on an object.
+    """
+    (x0, x1), (y0, y1) = camera.workspace_x, camera.workspace_y
+    xs = np.arange(x0 - GRID_MARGIN + resolution / 2, x1 + GRID_MARGIN, resolution)
+    ys = np.arange(y0 - GRID_MARGIN + resolution / 2, y1 + GRID_MARGIN, resolution)
+    h, w = depth.shape
+    vv, uu = np.mgrid[0:h, 0:w]
+    ok = (depth > 0) & np.isfinite(depth)
+    rays = raw_pixels_to_rays(np.stack([uu[ok], vv[ok]], axis=1), camera)
+    pts = transform_points(camera.T_base_camera, rays * depth[ok].astype(np.float64)[:, None])
+    ix = np.floor((pts[:, 0] - xs[0] + resolution / 2) / resolution).astype(np.int64)
+    iy = np.floor((pts[:, 1] - ys[0] + resolution / 2) / resolution).astype(np.int64)
+    inside = (ix >= 0) & (ix < len(xs)) & (iy >= 0) & (iy < len(ys))
+    ix, iy, z, lab = ix[inside], iy[inside], pts[inside, 2], seg[ok][inside]
+    height = np.full((len(ys), len(xs)), -np.inf)
+    np.maximum.at(height, (iy, ix), z)
+    # The label of each cell's highest point: write in increasing height, the last write wins.
+    order = np.argsort(z, kind="stable")
+    top_label = np.zeros(height.shape, dtype=np.int16)
+    top_label[iy[order], ix[order]] = lab[order]
+    # Fill sampling gaps (cells between the footprints of neighbouring pixels) with the
+    # highest neighbour; larger unseen areas (behind objects) stay unknown.
+    for _ in range(int(fill_iterations)):
+        known = np.isfinite(height)
+        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), np.ones((3, 3), np.uint8))
+        lab_grown = cv2.dilate(np.where(known, top_label, 0).astype(np.uint8), np.ones((3, 3), np.uint8))
+        fill = ~known & (grown > -1e8)
+        height[fill] = grown[fill]
+        top_label[fill] = lab_grown[fill]
+    known = np.isfinite(height)
+    return xs, ys, height, known, known & (top_label >= 3)
+
+
+@functools.lru_cache(maxsize=8)
+def _offset_table(n_yaws: int, resolution: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Integer cell offsets of the profile samples: ``(yaw, lane, offset)`` and the offsets in metres."""
+    from sim_render.gripper import FINGER_HALF
+
+    half_span = GRIPPER_MAX_WIDTH / 2 + 2 * FINGER_HALF[0] + 0.01
+    n = int(np.ceil(half_span / resolution))
+    offsets = np.arange(-n, n + 1) * resolution
+    yaws = np.arange(n_yaws) * np.pi / n_yaws
+    dirs = np.stack([np.cos(yaws), np.sin(yaws)], axis=1)
+    normals = np.stack([-dirs[:, 1], dirs[:, 0]], axis=1)
+    lanes = np.array([-FINGER_HALF[1], 0.0, FINGER_HALF[1]])
+    pts = (
+        offsets[None, None, :, None] * dirs[:, None, None, :]
+        + lanes[None, :, None, None] * normals[:, None, None, :]
+    )  # (yaw, lane, offset, 2)
+    dx = np.rint(pts[..., 0] / resolution).astype(np.int64)
+    dy = np.rint(pts[..., 1] / resolution).astype(np.int64)
+    return dx, dy, offsets, yaws
+
+
+def geometric_grasps(
+    xs: np.ndarray,
+    ys: np.ndarray,
+    height: np.ndarray,
+    known: np.ndarray,
+    is_object: np.ndarray,
+    table_z: float,
+    n_yaws: int = 12,
+    max_cells: int | None = None,
+    rng: np.random.Generator | None = None,
+    all_lanes: bool = False,
+) -> dict[str, np.ndarray]:
+    """The labeller's rule, for a grasp centred on every object cell at every yaw.
+
+    Unseen cells (the camera's shadow behind a part) count as free; a verdict that rests
+    on one is flagged uncertain.
+
+    Returns:
+        ``position (K, 3)`` grasp centres at the fingertip height, ``yaw (K,)``, ``width
+        (K,)`` the symmetric opening (metres), ``success (K,)`` bool, ``certain (K,)`` bool,
+        for the ``K`` (object cell, yaw) pairs.
+    """
+    from sim_render.gripper import FINGER_HALF
+    from sim_render.labels import GRASP_DEPTH, WIDTH_MARGIN
+
+    res = float(xs[1] - xs[0])
+    dx, dy, offsets, yaws = _offset_table(int(n_yaws), round(res, 6))
+    cells = np.argwhere(is_object)
+    if max_cells is not None and len(cells) > max_cells:
+        cells = cells[(rng or np.random.default_rng(0)).choice(len(cells), max_cells, replace=False)]
+    empty = {"position": np.zeros((0, 3)), "yaw": np.zeros(0), "width": np.zeros(0), "success": np.zeros(0, bool),
+             "certain": np.zeros(0, bool)}
+    if len(cells) == 0:
+        return empty
+    cy, cx = cells[:, 0], cells[:, 1]
+    top = height[cy, cx]
+    tip = np.maximum(table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
+    ny, nx = height.shape
+    sy = cy[:, None, None, None] + dy[None]
+    sx = cx[:, None, None, None] + dx[None]  # (cell, yaw, lane, offset)
+    in_grid = (sy >= 0) & (sy < ny) & (sx >= 0) & (sx < nx)
+    sy, sx = np.clip(sy, 0, ny - 1), np.clip(sx, 0, nx - 1)
+    h = height[sy, sx]
+    seen = known[sy, sx] | ~in_grid  # outside the grid: the table far from the bin
+    h = np.where(in_grid & seen, h, table_z)  # unseen cells count as free (mostly the shadow behind a part)
+    above = h > tip[:, None, None, None] + ABOVE_TIPS
+    prof = above[:, :, 1]  # (cell, yaw, offset), the middle lane
+    mid = prof.shape[-1] // 2
+    # The run of "above" samples through the centre: how far it extends each way.
+    left = prof[..., :mid][..., ::-1]
+    right = prof[..., mid + 1 :]
+    n_left = np.where(left.all(-1), left.shape[-1], left.argmin(-1))
+    n_right = np.where(right.all(-1), right.shape[-1], right.argmin(-1))
+    centre_up = prof[..., mid]
+    step = float(offsets[1] - offsets[0])
+    width = 2 * (np.maximum(n_left, n_right) * step + step / 2 + WIDTH_MARGIN)
+    fits = width <= GRIPPER_MAX_WIDTH
+    idx = np.arange(prof.shape[-1]) - mid
+    reach = width / 2 + 2 * FINGER_HALF[0]
+    in_reach = np.abs(offsets)[None, None, :] <= reach[..., None]
+    landing = in_reach & ((idx[None, None, :] < -n_left[..., None]) | (idx[None, None, :] > n_right[..., None]))
+    lanes_checked = slice(0, 3) if all_lanes else slice(1, 2)
+    land_blocked = (above[:, :, lanes_checked].any(axis=2) & landing).any(-1)
+    # Verdicts that rest on unseen cells (under the opening) are less certain.
+    unseen = (~seen.all(axis=2) & in_reach).any(-1)
+    positive = centre_up & fits & ~land_blocked
+    keep = centre_up
+    ci, ki = np.nonzero(keep)
+    pos = np.stack([xs[cx[ci]], ys[cy[ci]], tip[ci]], axis=1)
+    return {
+        "position": pos,
+        "yaw": normalize_angle(yaws[ki]),
+        "width": np.minimum(width[ci, ki], GRIPPER_MAX_WIDTH),
+        "success": positive[ci, ki],
+        "certain": ~unseen[ci, ki],
+    }
+
+
+def geometric_view_labels(
+    grasps: dict[str, np.ndarray], camera: Calibration, raw_calib: Calibration, view: NetworkView
+) -> dict[str, np.ndarray]:
+    """Grasps (base frame) as view-pixel labels, projected like the physics labels.
+
+    Centre and a short segment along the yaw go through the camera that took the frame
+    (raw pixels), then into the view with the nominal calibration ``raw_calib``.
+
+    Returns:
+        ``uv (K, 2)``, ``angle (K,)`` view-image angle, plus ``width``, ``z`` and ``success``.
+    """
+    pos = np.asarray(grasps["position"], dtype=np.float64).reshape(-1, 3)
+    K = len(pos)
+    if K == 0:
+        return {"uv": np.zeros((0, 2)), "angle": np.zeros(0), "width": np.zeros(0), "z": np.zeros(0),
+                "success": np.zeros(0, bool), "certain": np.zeros(0, bool)}
+    d = 0.01 * np.stack([np.cos(grasps["yaw"]), np.sin(grasps["yaw"]), np.zeros(K)], axis=1)
+    raw = project_points(np.concatenate([pos, pos - d, pos + d]), camera)
+    uv = raw_to_view_pixels(raw, raw_calib, view)
+    c, a, b = uv[:K], uv[K : 2 * K], uv[2 * K :]
+    line = b - a
+    return {
+        "uv": c,
+        "angle": np.asarray(normalize_angle(np.arctan2(line[:, 1], line[:, 0]))),
+        "width": np.asarray(grasps["width"]),
+        "z": pos[:, 2],
+        "success": np.asarray(grasps["success"], dtype=bool),
+        "certain": np.asarray(grasps.get("certain", np.ones(K, bool)), dtype=bool),
+    }
+
+
+def splat_view_labels(
+    labels: dict[str, np.ndarray], view: NetworkView, angle_bins: int, uncertain_weight: float = 0.5
+) -> dict[str, np.ndarray]:
+    """Average labels falling on the same (bin, view pixel) into compact arrays.
+
+    Uncertain labels count ``uncertain_weight`` in the average and in the weight.
+
+    Returns:
+        ``index (M,)`` flat ``(bin, v, u)`` index into ``(A, H, W)``, ``target (M,)`` weighted
+        success rate, ``weight (M,)`` mean label weight in ``(0, 1]``; ``width``/``z`` ``(H, W)``
+        float32 over positive labels and their ``mask (H, W)``.
+    """
+    W, H = view.size
+    A = int(angle_bins)
+    uvf = np.asarray(labels["uv"], dtype=np.float64).reshape(-1, 2)
+    finite = np.isfinite(uvf).all(1)
+    uv = np.rint(np.where(finite[:, None], uvf, -1)).astype(np.int64)
+    ok = finite & (uv[:, 0] >= 0) & (uv[:, 0] < W) & (uv[:, 1] >= 0) & (uv[:, 1] < H)
+    u, v = uv[ok, 0], uv[ok, 1]
+    b = angle_to_bin(labels["angle"][ok], A)
+    s = labels["success"][ok].astype(np.float64)
+    w = np.where(labels["certain"][ok], 1.0, float(uncertain_weight))
+    flat = (b * H + v) * W + u
+    uniq, inv = np.unique(flat, return_inverse=True)
+    wsum = np.bincount(inv, weights=w, minlength=len(uniq))
+    pos = np.bincount(inv, weights=w * s, minlength=len(uniq))
+    cnt = np.bincount(inv, minlength=len(uniq))
+    width = np.zeros((H, W), np.float64)
+    z = np.zeros((H, W), np.float64)
+    wc = np.zeros((H, W), np.float64)
+    okp = s > 0
+    np.add.at(width, (v[okp], u[okp]), labels["width"][ok][okp])
+    np.add.at(z, (v[okp], u[okp]), labels["z"][ok][okp])
+    np.add.at(wc, (v[okp], u[okp]), 1.0)
+    mask = wc > 0
+    return {
+        "index": uniq.astype(np.int32),
+        "target": (pos / np.maximum(wsum, 1e-9)).astype(np.float32),
+        "weight": (wsum / np.maximum(cnt, 1)).astype(np.float32),
+        "width": np.where(mask, width / np.maximum(wc, 1), 0).astype(np.float32),
+        "z": np.where(mask, z / np.maximum(wc, 1), 0).astype(np.float32),
+        "mask": mask,
+    }
