@@ -91,7 +91,7 @@ def render(cfg: DictConfig) -> dict:
         "calibration": calib.to_dict(),
         "image_size": list(render_size(calib, cfg.render.resolution_scale)),
     }
-    return render_shards(
+    manifest = render_shards(
         out_dir=out,
         n_scenes=int(cfg.n_scenes),
         scenes_per_shard=int(cfg.scenes_per_shard),
@@ -102,6 +102,12 @@ def render(cfg: DictConfig) -> dict:
         shard_range=parse_shard_range(cfg.shards, math.ceil(int(cfg.n_scenes) / max(int(cfg.scenes_per_shard), 1))),
         progress=True,
     )
+    if manifest.get("complete") is not False and cfg.get("panel", True):
+        from sim_render.panel import dataset_panel, save_png
+
+        # A look at the data: the first frames with their executed grasps drawn.
+        save_png(out / "panel.png", dataset_panel([out]))
+    return manifest
 
 
 def _alias_profile(argv: list[str]) -> list[str]:

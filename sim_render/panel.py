@@ -43,3 +43,18 @@ def dataset_panel(dataset_dirs: Sequence[str | Path], per_row: int = 4) -> np.nd
         name = ds.manifest.get("profile", Path(d).name)
         rows.append([labelled_frame(ds[i], f"{name} #{i}") for i in range(min(per_row, len(ds)))])
     return panel(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m sim_render.panel OUT.png DATASET_DIR [DATASET_DIR ...]``: one row per dataset."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2:
+        print("usage: python -m sim_render.panel OUT.png DATASET_DIR [DATASET_DIR ...]", file=sys.stderr)
+        sys.exit(2)
+    print(save_png(args[0], dataset_panel(args[1:])))
+
+
+if __name__ == "__main__":
+    main()

@@ -71,6 +71,13 @@ def test_labels_project_into_the_frame(one_worker):
     assert set(np.unique(item["seg"])) >= {0, 1}  # table and bin are in view
 
 
+def test_complete_render_writes_a_labelled_panel(one_worker):
+    import cv2
+
+    img = cv2.imread(str(one_worker / "panel.png"))
+    assert img is not None and img.shape[0] > 50 and img.shape[1] > 50
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("sim2real-render")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
