@@ -70,6 +70,8 @@ DEFAULT_TARGETS: dict[str, Any] = {
     "object_height_weight": 2.0,  # height-loss weight on object pixels (seg >= 3)
     "angle_spread": 0,  # also mark +-k neighbouring angle bins of a label ...
     "angle_spread_weight": 0.3,  # ... with this weight
+    "height_target": "ray",  # dense height: "ray" (policies.geometric.ray_grasp_heights) | "surface"
+    "stability_tol": 0.0,  # m: label pixels whose 3x3 neighbourhood's grasp heights spread more count as failures (0: off)
     "geometric_weight": 0.0,  # weight of the dense geometric pseudo-labels (policies.geometric); 0: off
     "geometric_max_cells": 1500,  # object cells evaluated per frame (a random subset beyond)
 }
@@ -189,6 +191,7 @@ def build_targets(
     angle_bins: int,
     targets: dict | None = None,
     geometric: dict | None = None,
+    grasp_height: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Dense targets of one frame in the view.
 
@@ -206,6 +209,10 @@ def build_targets(
         targets: options (:data:`DEFAULT_TARGETS` keys).
         geometric: dense pseudo-labels (:func:`policies.geometric.splat_view_labels`), used
             with weight ``geometric_weight`` on entries without a physics label.
+        grasp_height: ``(H, W)`` dense fingertip height above the table
+            (:func:`policies.geometric.ray_grasp_heights`; NaN unknown); when given it is the
+            dense height target instead of ``surface_z - GRASP_DEPTH``, and with
+            ``stability_tol > 0`` successes on pixels where it jumps count as failures.
 
     Returns:
         ``quality_target``, ``quality_weight`` ``(A, H, W)`` float32; ``dense_negative``,
@@ -221,10 +228,15 @@ def build_targets(
     object_mask = (seg_view >= 3) & valid
     dense_negative = np.isin(seg_view, list(opt["dense_negative_labels"])) & valid
 
-    known = np.isfinite(surface_z) & valid
-    height_target = np.where(
-        known, np.maximum(np.nan_to_num(surface_z) - table_z - GRASP_DEPTH, MIN_TIP_CLEARANCE), 0.0
-    ).astype(np.float32)
+    if grasp_height is not None:
+        known = np.isfinite(grasp_height) & valid
+        height_target = np.where(known, np.maximum(np.nan_to_num(grasp_height), MIN_TIP_CLEARANCE), 0.0)
+    else:
+        known = np.isfinite(surface_z) & valid
+        height_target = np.where(
+            known, np.maximum(np.nan_to_num(surface_z) - table_z - GRASP_DEPTH, MIN_TIP_CLEARANCE), 0.0
+        )
+    height_target = height_target.astype(np.float32)
     height_weight = known.astype(np.float32)
     height_weight[object_mask & known] = float(opt["object_height_weight"])
 
@@ -251,6 +263,14 @@ def build_targets(
         pu, pv = pu[inside], pv[inside]
         b = bins[g_idx]
         s = succ[g_idx].astype(np.float32)
+        tol = float(opt["stability_tol"])
+        if tol > 0 and grasp_height is not None:
+            # A pixel whose neighbours' grasp heights differ by more than tol is fragile: one
+            # pixel of error moves the back-projected grasp by centimetres (oblique camera).
+            gh = np.where(np.isfinite(grasp_height), grasp_height, 0.0).astype(np.float32)
+            k3 = np.ones((3, 3), np.uint8)
+            spread = cv2.dilate(gh, k3) - cv2.erode(gh, k3)
+            s = s * (spread[pv, pu] <= tol)
         np.add.at(q_sum, (b, pv, pu), s)
         np.add.at(q_cnt, (b, pv, pu), 1.0)
         k = int(opt["angle_spread"])
@@ -260,8 +280,11 @@ def build_targets(
             bb = np.mod(b + dk, A)
             np.add.at(spread_pos, (bb, pv, pu), s)
             np.add.at(spread_w, (bb, pv, pu), 1.0)
-        np.add.at(z_sum, (pv, pu), np.asarray(label_z, dtype=np.float32)[g_idx] - table_z)
-        np.add.at(z_cnt, (pv, pu), 1.0)
+        # The labelled fingertip height holds at the label's own pixel (its neighbours' rays
+        # meet the part at other heights: the dense target covers them).
+        at_centre = (pu == centre[g_idx, 0]) & (pv == centre[g_idx, 1])
+        np.add.at(z_sum, (pv[at_centre], pu[at_centre]), np.asarray(label_z, dtype=np.float32)[g_idx][at_centre] - table_z)
+        np.add.at(z_cnt, (pv[at_centre], pu[at_centre]), 1.0)
         ok = s > 0
         np.add.at(w_sum, (pv[ok], pu[ok]), np.asarray(label_width, dtype=np.float32)[g_idx][ok])
         np.add.at(w_cnt, (pv[ok], pu[ok]), 1.0)
@@ -441,11 +464,21 @@ class PolicyFrames(Dataset):
         surface = surface_height_view(item["depth"], item["camera"], raw_calib, self.view)
         g = item["grasps"]
         uv, angle, _ = labels_to_view(g, raw_calib, self.view)
-        geometric = None
-        if float(self.targets["geometric_weight"]) > 0:
-            from policies.geometric import geometric_grasps, geometric_view_labels, height_grid, splat_view_labels
+        geometric, grasp_height, grid = None, None, None
+        use_geo = float(self.targets["geometric_weight"]) > 0
+        if use_geo or self.targets["height_target"] == "ray":
+            from policies.geometric import (
+                geometric_grasps,
+                geometric_view_labels,
+                height_grid,
+                ray_grasp_heights,
+                splat_view_labels,
+            )
 
             grid = height_grid(np.asarray(item["depth"]), np.asarray(item["seg"]), item["camera"])
+        if self.targets["height_target"] == "ray":
+            grasp_height = ray_grasp_heights(grid, item["camera"], raw_calib, self.view, self.calibration.table_z)
+        if use_geo:
             gg = geometric_grasps(*grid, self.calibration.table_z, self.angle_bins,
                                   max_cells=int(self.targets["geometric_max_cells"]),
                                   rng=np.random.default_rng(j))
@@ -454,6 +487,7 @@ class PolicyFrames(Dataset):
             geometric = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in geometric.items()}
         rec = {
             "geometric": geometric,
+            "grasp_height": None if grasp_height is None else grasp_height.astype(np.float16),
             "view_rgb": view_rgb,
             "seg_view": seg_view,
             "valid": valid,
@@ -475,6 +509,7 @@ class PolicyFrames(Dataset):
             rec["seg_view"], rec["valid"], rec["surface_z"].astype(np.float32), rec["label_uv"],
             rec["label_angle"], rec["label_success"], rec["label_width"], rec["label_z"],
             self.calibration.table_z, self.angle_bins, self.targets, rec.get("geometric"),
+            None if rec.get("grasp_height") is None else rec["grasp_height"].astype(np.float32),
         )
         view_rgb = rec["view_rgb"]
         if self.augment is not None:

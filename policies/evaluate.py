@@ -156,6 +156,14 @@ class OnnxPolicy:
     def calibration(self) -> Calibration:
         return self.runner.calib
 
+    @property
+    def view(self) -> NetworkView:
+        return self.runner.view
+
+    @property
+    def angle_bins(self) -> int:
+        return self.runner.meta.angle_bins
+
     def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
         """Grasp for one raw frame; ``calibration`` overrides the serving one for this frame."""
         calib = self.runner.calib if calibration is None else calibration
@@ -207,6 +215,7 @@ class TorchPolicy:
             calibration = Calibration.from_dict(hp["calibration"], check_view=False)
         self.net = getattr(module, "net", module).to(device).eval()
         self.view, self.calibration = view, calibration
+        self.angle_bins = int(self.net.angle_bins)
         self.threshold = float(threshold)
         self.workspace_margin = float(workspace_margin)
         self.device = device
@@ -561,7 +570,8 @@ def evaluate_domains(
 ) -> dict:
     """The policy on each domain, plus the brackets once (on ``bracket_domain``).
 
-    ``policy=None`` runs the brackets alone.
+    ``policy=None`` runs the brackets alone. Brackets: ``oracle``, ``random`` and, with a
+    policy, ``oracle_pixels`` (:class:`OraclePixelPolicy` in the policy's view).
 
     Returns:
         ``{"policy": {domain: result}, "brackets": {name: result}}``.
@@ -572,10 +582,12 @@ def evaluate_domains(
             policy, d, calib, n_episodes, seed, render_scale, keep_episodes=keep_episodes, no_grasp=no_grasp,
             camera_calibration=camera_calibration,
         )
-    make = {"oracle": OraclePolicy, "random": RandomPolicy}
+    make: dict[str, Callable[[], EvalPolicy]] = {"oracle": OraclePolicy, "random": RandomPolicy}
+    if policy is not None and hasattr(policy, "view") and hasattr(policy, "angle_bins"):
+        make["oracle_pixels"] = lambda: OraclePixelPolicy(policy.view, policy.angle_bins)  # type: ignore[union-attr]
     for b in brackets:
         if b not in make:
-            raise ValueError(f"unknown bracket {b!r}; known: {sorted(make)}")
+            raise ValueError(f"unknown bracket {b!r}; known: {sorted(make)} (oracle_pixels needs a policy)")
         out["brackets"][b] = evaluate(
             make[b](), bracket_domain, calib, bracket_episodes or n_episodes, seed, keep_episodes=keep_episodes,
             no_grasp=no_grasp,

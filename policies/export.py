@@ -115,7 +115,7 @@ class _Quiet:
         self.loggers = [logging.getLogger(n) for n in names]
         self.levels: list[int] = []
 
-    def __enter__(self) -> "_Quiet":
+    def __enter__(self) -> _Quiet:
         self.levels = [lg.level for lg in self.loggers]
         for lg in self.loggers:
             lg.setLevel(logging.WARNING)

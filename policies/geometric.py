@@ -32,7 +32,7 @@ from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_po
 from perception.geometry import NetworkView, project_points, raw_pixels_to_rays, raw_to_view_pixels
 from perception.grasp import angle_to_bin, normalize_angle
 
-__all__ = ["height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels"]
+__all__ = ["height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels", "ray_grasp_heights"]
 
 #: Margin of the grid around the workspace, metres (the bin walls are in it).
 GRID_MARGIN = 0.06
@@ -262,3 +262,64 @@ def splat_view_labels(
         "z": np.where(mask, z / np.maximum(wc, 1), 0).astype(np.float32),
         "mask": mask,
     }
+
+
+def ray_grasp_heights(
+    grid: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    camera: Calibration,
+    raw_calib: Calibration,
+    view: NetworkView,
+    table_z: float,
+    z_max: float = 0.15,
+    z_step: float = 0.002,
+) -> np.ndarray:
+    """Fingertip height of the labeller's grasp whose centre projects onto each view pixel.
+
+    The decode back-projects a pixel onto the plane at the predicted fingertip height, so
+    the height a pixel must carry is the ``z`` at which its ray meets the labeller's rule
+    ``z = max(table + clearance, top(x, y) - GRASP_DEPTH)``: the ray is followed down from
+    ``z_max`` and the first such ``z`` is taken. On a bar seen obliquely this is the point
+    inside the bar ``GRASP_DEPTH`` below its top, whose projection lies near the bar's edge
+    facing the camera: the surface seen at the pixel would be the wrong answer there.
+
+    Args:
+        grid: :func:`height_grid` output (unseen cells count as the table).
+        camera: the camera that took the frame (raw pixels at its size).
+        raw_calib: the nominal calibration at the same size (how the view was made).
+        view: the network view.
+        table_z: the table height.
+
+    Returns:
+        ``(H, W)`` fingertip heights above ``table_z`` (NaN outside the raw frame).
+    """
+    from perception.geometry import raw_pixels_to_rays
+    from sim_render.labels import GRASP_DEPTH
+
+    xs, ys, height, known, _ = grid
+    res = float(xs[1] - xs[0])
+    top = np.where(known, height, table_z)
+    W, H = view.size
+    vv, uu = np.mgrid[0:H, 0:W]
+    uv_view = np.stack([uu.ravel(), vv.ravel()], axis=1).astype(np.float64)
+    # view pixel -> raw pixel (nominal, as preprocess samples) -> ray of the real camera
+    rays_nominal = np.concatenate([uv_view, np.ones((len(uv_view), 1))], axis=1) @ np.linalg.inv(view.K).T
+    raw, _ = cv2.projectPoints(rays_nominal, np.zeros(3), np.zeros(3), raw_calib.K, raw_calib.dist)
+    raw = raw.reshape(-1, 2)
+    w, h = raw_calib.image_size
+    inside = (raw[:, 0] >= -0.5) & (raw[:, 0] <= w - 0.5) & (raw[:, 1] >= -0.5) & (raw[:, 1] <= h - 0.5)
+    d = raw_pixels_to_rays(raw, camera) @ camera.T_base_camera[:3, :3].T
+    o = camera.T_base_camera[:3, 3]
+    zs = table_z + np.arange(z_max, MIN_TIP_CLEARANCE - 1e-9, -z_step)  # descending
+    t = (zs[None, :] - o[2]) / d[:, 2:3]  # (P, Z)
+    x = o[0] + t * d[:, 0:1]
+    y = o[1] + t * d[:, 1:2]
+    ix = np.rint((x - xs[0]) / res).astype(np.int64)
+    iy = np.rint((y - ys[0]) / res).astype(np.int64)
+    ok = (ix >= 0) & (ix < len(xs)) & (iy >= 0) & (iy < len(ys))
+    tops = np.where(ok, top[np.clip(iy, 0, len(ys) - 1), np.clip(ix, 0, len(xs) - 1)], table_z)
+    rule = np.maximum(table_z + MIN_TIP_CLEARANCE, tops - GRASP_DEPTH)
+    hit = rule >= zs[None, :] - 1e-9
+    first = np.where(hit.any(axis=1), hit.argmax(axis=1), len(zs) - 1)
+    z = zs[first] - table_z
+    z = np.where(inside, z, np.nan)
+    return z.reshape(H, W).astype(np.float32)

@@ -23,6 +23,8 @@ Metrics: ``train/loss``, ``train/quality_loss``, ``train/height_loss``, ``train/
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import pytorch_lightning as pl
@@ -41,6 +43,12 @@ DEFAULT_LOSS: dict[str, float] = {
     "object_negative_weight": 0.5,  # unlabelled (pixel, bin) entries on objects: weak negatives
     "height_weight": 20.0,  # metres are small: 20 x smooth-L1(beta 1 cm) ~ the BCE scale
     "width_weight": 20.0,
+    # Height-aware quality: a labelled success counts as exp(-(height error / sigma)^2) of a
+    # success, the error being the network's own (detached) at that pixel, from step
+    # `height_trust_after` on (0: off). A pixel whose height is misjudged is back-projected
+    # to the wrong place (the camera is oblique), so the grasp there would fail.
+    "height_trust_sigma": 0.0,
+    "height_trust_after": 100,
 }
 
 
@@ -52,13 +60,16 @@ def _as_dict(cfg: Any) -> dict:
     return dict(cfg)
 
 
-def grasp_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loss_cfg: dict) -> dict[str, torch.Tensor]:
+def grasp_losses(
+    out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loss_cfg: dict, step: int | None = None
+) -> dict[str, torch.Tensor]:
     """The policy losses of one batch (see the module docstring).
 
     Args:
         out: :class:`GraspNet` outputs.
         batch: :class:`policies.data.PolicyFrames` items, collated.
         loss_cfg: :data:`DEFAULT_LOSS` keys.
+        step: the global step (for ``height_trust_after``); ``None`` applies the trust.
 
     Returns:
         ``loss``, ``quality_loss``, ``height_loss``, ``width_loss`` (scalars).
@@ -66,6 +77,10 @@ def grasp_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], l
     c = {**DEFAULT_LOSS, **loss_cfg}
     logits = out["quality_logits"]
     tq, wq = batch["quality_target"], batch["quality_weight"]
+    sigma = float(c["height_trust_sigma"])
+    if sigma > 0 and (step is None or step >= int(c["height_trust_after"])):
+        h_err = (out["height"][:, 0] - batch["height_target"]).detach()
+        tq = tq * torch.exp(-((h_err / sigma) ** 2)).unsqueeze(1)
     bce = F.binary_cross_entropy_with_logits(logits, tq, reduction="none")
     w = wq * (1.0 + (float(c["pos_weight"]) - 1.0) * tq)
     label_loss = (w * bce).sum() / w.sum().clamp_min(1.0)
@@ -109,8 +124,9 @@ class GraspPolicyModule(pl.LightningModule):
     Args:
         network: ``GraspNet`` keyword arguments (``angle_bins``, ``base_channels``, ``dilations``).
         loss: :data:`DEFAULT_LOSS` overrides.
-        optim: ``lr``, ``weight_decay``, ``scheduler`` (``cosine`` or ``none``), ``max_steps``
-            (the cosine horizon).
+        optim: ``lr``, ``weight_decay``, ``scheduler`` (``cosine`` or ``none``), ``warmup_steps``,
+            ``max_steps`` (the cosine horizon) and ``max_time_s`` (a time budget: the horizon
+            is then re-estimated as training goes, so the schedule ends with the budget).
         view: the network view as ``NetworkView.to_dict()`` (saved with the checkpoint so
             an artifact can be exported from it alone).
         calibration: the nominal calibration dict (ditto).
@@ -149,7 +165,7 @@ class GraspPolicyModule(pl.LightningModule):
     # ---------------------------------------------------------------- steps
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.net(batch["image"])
-        losses = grasp_losses(out, batch, self.loss_cfg)
+        losses = grasp_losses(out, batch, self.loss_cfg, step=int(self.global_step))
         n = batch["image"].shape[0]
         for k, v in losses.items():
             self.log(f"train/{k}", v, prog_bar=(k == "loss"), batch_size=n)
@@ -169,17 +185,40 @@ class GraspPolicyModule(pl.LightningModule):
         opt = torch.optim.AdamW(self.parameters(), lr=float(o["lr"]), weight_decay=float(o["weight_decay"]))
         if str(o.get("scheduler", "none")) != "cosine":
             return opt
-        total = max(1, int(o["max_steps"]))
-        warm = min(int(o.get("warmup_steps", 20)), total // 5)
+        self._horizon = max(1, int(o["max_steps"]))
+        warm = min(int(o.get("warmup_steps", 20)), self._horizon // 5)
 
         def factor(step: int) -> float:
+            # The horizon is read at every step: with a time budget it is re-estimated
+            # from the pace of training (see on_train_batch_end).
+            total = max(self._horizon, warm + 1)
             if step < warm:
                 return (step + 1) / max(1, warm)
             t = min(1.0, (step - warm) / max(1, total - warm))
-            return 0.05 + 0.95 * 0.5 * (1.0 + torch.cos(torch.tensor(t * torch.pi)).item())
+            return 0.05 + 0.95 * 0.5 * (1.0 + math.cos(t * math.pi))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        self._t_start = time.perf_counter()
+        self._step_start = int(self.global_step)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.update_horizon(int(self.global_step), time.perf_counter())
+
+    def update_horizon(self, step: int, now: float) -> None:
+        """With ``optim.max_time_s``, fit the cosine schedule to the steps the time allows."""
+        budget = self.optim_cfg.get("max_time_s")
+        if not budget or not hasattr(self, "_horizon"):
+            return
+        done = step - self._step_start
+        if done < 10:
+            return
+        per_step = (now - self._t_start) / done
+        remaining = max(0.0, float(budget) - (now - self._t_start))
+        est = step + int(remaining / max(per_step, 1e-6))
+        self._horizon = max(1, min(int(self.optim_cfg["max_steps"]), est))
 
 
 @torch.no_grad()

@@ -4,8 +4,8 @@
 
 Writes into ``output_dir``: ``policy.ckpt`` (weights + the resolved config in its
 hyperparameters; ``GraspPolicyModule.load_from_checkpoint`` restores it), ``config.yaml``,
-``checkpoints/last.ckpt`` (resume with ``resume=...``), ``logs/metrics.csv`` (``train/...``,
-``val/...``), ``artifact/`` (``policy.onnx`` + ``metadata.json``, see :mod:`policies.export`)
+``checkpoints/last.ckpt`` (resume with ``resume=...``), ``logs/version_N/metrics.csv``
+(``train/...``, ``val/...``; one version per run, so a resumed run keeps the earlier log), ``artifact/`` (``policy.onnx`` + ``metadata.json``, see :mod:`policies.export`)
 and ``train_summary.json`` (what :func:`train_policy` returns).
 """
 
@@ -80,7 +80,7 @@ def train_policy(
     Returns:
         ``checkpoint``, ``artifact`` (or ``None``), ``config``, ``metrics`` (final ``val/...``,
         last ``train/...``), ``global_step``, ``train_time_s``, ``n_train_frames``,
-        ``n_val_frames``, ``view``, ``device``.
+        ``n_val_frames``, ``view``, ``logs`` (the run's CSV log folder), ``device``.
     """
     full = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     pcfg = policy_config(full)
@@ -112,7 +112,8 @@ def train_policy(
     module = GraspPolicyModule(
         network={"angle_bins": angle_bins, **OmegaConf.to_container(pcfg.network, resolve=True)},
         loss=OmegaConf.to_container(pcfg.loss, resolve=True),
-        optim={**OmegaConf.to_container(pcfg.optim, resolve=True), "max_steps": int(pcfg.max_steps)},
+        optim={**OmegaConf.to_container(pcfg.optim, resolve=True), "max_steps": int(pcfg.max_steps),
+               "max_time_s": float(pcfg.max_time_s) if pcfg.get("max_time_s") else None},
         view=view.to_dict(),
         calibration=calib.to_dict(),
         config={"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
@@ -180,6 +181,7 @@ def train_policy(
         "n_train_frames": len(train_ds),
         "n_val_frames": 0 if val_ds is None else len(val_ds),
         "view": view.to_dict(),
+        "logs": str(getattr(trainer.logger, "log_dir", None) or "") or None,
         "device": str(module.device),
         "adapted": translator is not None,
     }

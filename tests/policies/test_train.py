@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 
 from perception.artifact import PolicyRunner
@@ -72,7 +71,6 @@ def test_adapted_training_uses_the_translator(rendered, tmp_path):
 
 def test_consistency_finetune_moves_the_generator_only(rendered, view):
     from adaptation.networks import build_generator
-
     from policies.consistency import consistency_finetune
     from policies.data import PolicyFrames
     from policies.networks import GraspNet
@@ -116,3 +114,14 @@ def test_train_cli_refuses_no_data(tmp_path):
     exe = Path(sys.executable).with_name("sim2real-train-policy")
     proc = subprocess.run([str(exe), f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "dataset_dirs" in proc.stderr
+
+
+def test_time_budget_fits_the_cosine_schedule_to_the_pace():
+    module = GraspPolicyModule(network={"angle_bins": 4, "base_channels": 4},
+                               optim={"lr": 1e-3, "max_steps": 100000, "max_time_s": 10.0, "warmup_steps": 5})
+    sched = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    assert module._horizon == 100000
+    module._t_start, module._step_start = 100.0, 0
+    module.update_horizon(20, 102.0)  # 20 steps in 2 s: 0.1 s per step, 8 s left
+    assert 90 <= module._horizon <= 110
+    assert sched.lr_lambdas[0](module._horizon) < 0.06  # the schedule ends with the budget
