@@ -180,7 +180,7 @@ def main() -> None:
     res: dict = {}
     res["frames_128"] = bench_frames(10 if q else 40)
     print("1. frames/s at 128x128:", json.dumps(res["frames_128"]))
-    res["workers"] = bench_workers(4 if q else 12)
+    res["workers"] = bench_workers(4 if q else 24)
     print("2. two workers vs one:", json.dumps(res["workers"]))
     labels = bench_labels(3 if q else 12)
     kuka = kuka_episodes_per_s(5 if q else 30)
