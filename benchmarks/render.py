@@ -31,7 +31,6 @@ import numpy as np
 from perception.calibration import Calibration, default_calibration_path
 from sim_render.api import render_config, render_dataset
 from sim_render.camera import raw_getcamera_fps
-from sim_render.gripper import GraspTiming
 from sim_render.labels import label_grasps
 from sim_render.randomization import render_randomized
 from sim_render.scene import SceneRenderer

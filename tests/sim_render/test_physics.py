@@ -10,7 +10,7 @@ from perception.frames import GRIPPER_MAX_WIDTH
 from perception.grasp import Grasp
 from sim_render.cell import Cell
 from sim_render.gripper import FloatingHand, GraspTiming
-from sim_render.labels import heuristic_candidates, label_grasps
+from sim_render.labels import heuristic_candidates
 from sim_render.objects import object_urdfs
 
 # Fine physics for these checks (a reference setting, not the fast labelling one).
