@@ -36,7 +36,7 @@ from perception.calibration import Calibration, default_calibration_path  # noqa
 from perception.decode import decode_grasp  # noqa: E402
 from perception.imageio import decode_image, encode_image  # noqa: E402
 from perception.metrics import resident_memory_bytes  # noqa: E402
-from perception.testing import free_port  # noqa: E402
+from perception.testing import free_port, wait_until_healthy  # noqa: E402
 
 START, END = "<!-- service-benchmark:start -->", "<!-- service-benchmark:end -->"
 
@@ -120,18 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     e2e: dict[str, list[float]] = {"png": [], "jpeg": []}
     server_ms: dict[str, list[float]] = {"png": [], "jpeg": []}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"service exited: {proc.stdout.read()}")
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("service did not start")
-            time.sleep(0.1)
+        wait_until_healthy(url, proc, timeout=60)
         rss_idle = resident_memory_bytes(proc.pid)
         with httpx.Client(timeout=30) as c:
             for fmt in ("png", "jpeg"):

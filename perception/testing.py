@@ -19,7 +19,7 @@ from perception.geometry import network_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 
-__all__ = ["make_test_artifact", "make_test_frame", "free_port"]
+__all__ = ["make_test_artifact", "make_test_frame", "free_port", "wait_until_healthy"]
 
 
 def make_test_artifact(
@@ -187,3 +187,32 @@ def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_until_healthy(url: str, proc, timeout: float = 60.0) -> None:
+    """Wait until a ``sim2real-serve`` process at ``url`` answers ``/healthz`` with 200.
+
+    Args:
+        url: ``http://host:port`` of the service.
+        proc: its ``subprocess.Popen`` (stdout piped): an early exit raises with its output.
+        timeout: seconds to wait.
+
+    Raises:
+        RuntimeError: the process exited, or the service was not ready in time.
+    """
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited early: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"service at {url} did not become ready within {timeout:.0f} s")

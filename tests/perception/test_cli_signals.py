@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from perception.imageio import write_image
-from perception.testing import free_port, make_test_frame
+from perception.testing import free_port, make_test_frame, wait_until_healthy
 
 BIN = Path(sys.executable).parent
 
@@ -21,20 +21,6 @@ BIN = Path(sys.executable).parent
 def _serve(args, **kw):
     return subprocess.Popen([str(BIN / "sim2real-serve"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, **kw)
-
-
-def _wait_ready(url, proc, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited early: {proc.stdout.read()}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("server did not become ready")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -46,7 +32,7 @@ def test_serve_contract_command_line_and_signals(artifact_dir, png_bytes, sig, t
                    f"port={port}", "token=null"])
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_until_healthy(url, proc)
         r = httpx.post(url + "/v1/grasp", content=png_bytes, headers={"Content-Type": "image/png"}, timeout=30)
         assert r.status_code == 200 and r.json()["grasp"] is not None
         proc.send_signal(sig)

@@ -8,13 +8,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from perception.testing import free_port
+from perception.testing import free_port, wait_until_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,16 +55,7 @@ def test_minimal_robot_venv_serves(tmp_path, artifact_dir, png_bytes):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "service did not start"
-            time.sleep(0.2)
+        wait_until_healthy(url, proc, timeout=120)
         r = httpx.post(url + "/v1/grasp", content=png_bytes, headers={"Content-Type": "image/png"}, timeout=30)
         assert r.status_code == 200 and r.json()["grasp"] is not None
         proc.send_signal(signal.SIGTERM)

@@ -7,7 +7,6 @@ import concurrent.futures as cf
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 
 from perception.imageio import encode_image
 from perception.metrics import resident_memory_bytes
-from perception.testing import free_port, make_test_frame
+from perception.testing import free_port, make_test_frame, wait_until_healthy
 
 BIN = Path(sys.executable).parent
 CLIENTS, PER_CLIENT = 8, 50
@@ -37,16 +36,7 @@ def test_soak_concurrent_clients(artifact_dir, calib):
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": "Bearer tok"}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until_healthy(url, proc, timeout=60)
         with httpx.Client(timeout=60) as c:
             def ask(i):
                 body, ctype = frames[i]
