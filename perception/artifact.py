@@ -35,7 +35,7 @@ import numpy as np
 
 from perception.calibration import Calibration, CalibrationError
 from perception.geometry import NetworkView
-from perception.preprocess import preprocess
+from perception.preprocess import preprocess, to_network_input
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -347,8 +347,6 @@ class PolicyRunner:
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ArtifactError(f"cannot load ONNX model {self.meta.onnx_path}: {exc}") from exc
         self._check_graph()
-        self._mean = np.asarray(self.meta.mean, dtype=np.float32)[None, :, None, None]
-        self._std = np.asarray(self.meta.std, dtype=np.float32)[None, :, None, None]
         self._out_names = [self.meta.outputs[k] for k in ("quality", "width", "height")]
 
     # ------------------------------------------------------------------ checks
@@ -375,11 +373,7 @@ class PolicyRunner:
     # ---------------------------------------------------------------- running
     def to_input(self, view_rgb: np.ndarray) -> np.ndarray:
         """``(H, W, 3)`` or ``(N, H, W, 3)`` uint8 view images -> ``(N, 3, H, W)`` float32."""
-        x = np.asarray(view_rgb, dtype=np.float32)
-        if x.ndim == 3:
-            x = x[None]
-        x = x.transpose(0, 3, 1, 2) / 255.0
-        return np.ascontiguousarray((x - self._mean) / self._std, dtype=np.float32)
+        return to_network_input(view_rgb, self.meta.mean, self.meta.std)
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Raw ONNX forward pass: ``(N, 3, H, W)`` -> ``quality (N,A,H,W), width, height (N,1,H,W)``."""

@@ -144,12 +144,19 @@ def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.n
     return cv2.remap(img, m1, m2, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
 
 
-def to_network_input(view_rgb: np.ndarray) -> np.ndarray:
-    """``(H, W, 3)`` uint8 RGB or a batch ``(N, H, W, 3)`` -> ``(N, 3, H, W)`` float32."""
+def to_network_input(
+    view_rgb: np.ndarray,
+    mean: tuple[float, float, float] = IMAGE_MEAN,
+    std: tuple[float, float, float] = IMAGE_STD,
+) -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB or a batch ``(N, H, W, 3)`` -> ``(N, 3, H, W)`` float32.
+
+    ``mean``/``std`` are per channel on values in [0, 1] (an artifact stores its own).
+    """
     x = np.asarray(view_rgb, dtype=np.float32)
     if x.ndim == 3:
         x = x[None]
     x = x.transpose(0, 3, 1, 2) / 255.0
-    mean = np.asarray(IMAGE_MEAN, dtype=np.float32)[None, :, None, None]
-    std = np.asarray(IMAGE_STD, dtype=np.float32)[None, :, None, None]
-    return np.ascontiguousarray((x - mean) / std)
+    m = np.asarray(mean, dtype=np.float32)[None, :, None, None]
+    s = np.asarray(std, dtype=np.float32)[None, :, None, None]
+    return np.ascontiguousarray((x - m) / s, dtype=np.float32)
