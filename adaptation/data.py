@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from adaptation.images import iter_real_frames
 from perception.calibration import Calibration
-from perception.geometry import NetworkView, network_view
+from perception.geometry import NetworkView, make_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
 
 __all__ = [
@@ -68,11 +68,12 @@ def load_sim_view(ds: Any, view: NetworkView, indices: Sequence[int] | None = No
     Returns:
         ``(N, H, W, 3)`` uint8 RGB and ``(N, H, W)`` uint8 labels.
     """
-    calib = ds.calibration
     idx = range(len(ds)) if indices is None else indices
     rgbs, segs = [], []
     for i in idx:
         item = ds[i]
+        # A table view is warped with the camera that took the frame, as the policy's data is.
+        calib = item["camera"] if view.is_table else ds.calibration
         rgbs.append(preprocess(item["rgb"], calib, view))
         segs.append(preprocess_labels(np.asarray(item["seg"]), calib, view).astype(np.uint8))
     W, H = view.size
@@ -175,6 +176,8 @@ class AdaptDataModule(pl.LightningDataModule):
         flip: random horizontal flips (both domains alike).
         jitter: strength of the colour jitter (brightness, contrast, saturation; hue / 4).
         seed: fixes the splits.
+        view: the network view's spec (``{"kind": "table" | "camera", ...}``,
+            :func:`perception.geometry.make_view`); ``None``: the camera view.
     """
 
     def __init__(
@@ -192,6 +195,7 @@ class AdaptDataModule(pl.LightningDataModule):
         flip: bool = True,
         jitter: float = 0.05,
         seed: int = 0,
+        view: dict | None = None,
     ) -> None:
         super().__init__()
         from perception.calibration import default_calibration_path
@@ -206,7 +210,8 @@ class AdaptDataModule(pl.LightningDataModule):
         self.crop = self.image_size if crop is None else (int(crop[0]), int(crop[1]))
         if self.crop[0] > self.image_size[0] or self.crop[1] > self.image_size[1] or self.crop[0] % 4 or self.crop[1] % 4:
             raise ValueError(f"crop {list(self.crop)} must be multiples of 4 and fit in image_size {list(self.image_size)}")
-        self.view = network_view(self.calib, self.image_size)
+        spec = dict(view or {"kind": "camera"})
+        self.view = make_view(self.calib, self.image_size, str(spec.pop("kind", "camera")), **spec)
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.val_fraction = float(val_fraction)

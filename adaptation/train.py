@@ -147,6 +147,7 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
         num_workers=int(cfg.get("num_workers", 0)), val_fraction=float(cfg.data.val_fraction),
         val_frames=int(cfg.data.val_frames), sim_val_frames=int(cfg.data.sim_val_frames),
         flip=bool(a.get("flip", True)), jitter=float(a.get("jitter", 0.0)), seed=int(cfg.seed),
+        view=OmegaConf.to_container(a.view, resolve=True) if a.get("view") else None,
     )
     dm.setup("fit")  # read and check every frame now: bad inputs stop before any training starts
     ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), out)

@@ -114,6 +114,20 @@ def load_generator(ckpt_or_dir: str | Path, device: torch.device | str = "cpu") 
     return _build(state, meta, device)
 
 
+def generator_view(meta: dict, calib: Any, size: tuple[int, int]) -> Any:
+    """The network view a generator was trained in, for frames of ``calib``'s camera.
+
+    A table view is fixed in base coordinates and is taken as it was trained; a camera
+    view (and a generator from before views were recorded) is rebuilt on ``calib``.
+    """
+    from perception.geometry import NetworkView, network_view
+
+    v = meta.get("view") if meta else None
+    if v and v.get("kind") == "table":
+        return NetworkView.from_dict(v)
+    return network_view(calib, size)
+
+
 def _trained_size(generator: nn.Module) -> tuple[int, int] | None:
     meta = getattr(generator, "meta", None) or {}
     size = meta.get("image_size")
@@ -238,10 +252,9 @@ class Translator:
 
     def from_raw(self, raw_rgb: np.ndarray, calib: Any, view: Any = None) -> np.ndarray:
         """Preprocess a raw frame into the view (default: the generator's) and translate it."""
-        from perception.geometry import network_view
         from perception.preprocess import preprocess
 
-        view = view if view is not None else network_view(calib, self.image_size)
+        view = view if view is not None else generator_view(self.meta, calib, self.image_size)
         return self(preprocess(raw_rgb, calib, view))
 
 
@@ -281,7 +294,6 @@ def run(args: dict[str, str]) -> dict[str, Any]:
     from adaptation.images import IMAGE_SUFFIXES, read_rgb
     from perception.atomic import atomic_write_text
     from perception.calibration import Calibration, default_calibration_path
-    from perception.geometry import network_view
     from perception.preprocess import preprocess
 
     device = args.get("device", "cpu")
@@ -298,13 +310,14 @@ def run(args: dict[str, str]) -> dict[str, Any]:
         from adaptation.data import open_sim_dataset
 
         ds = open_sim_dataset(inp)
-        view = network_view(ds.calibration, size)
-        frames = [preprocess(ds[i]["rgb"], ds.calibration, view) for i in range(len(ds))]
+        view = generator_view(getattr(gen, "meta", {}), ds.calibration, size)
+        frames = [preprocess(ds[i]["rgb"], ds[i]["camera"] if view.is_table else ds.calibration, view)
+                  for i in range(len(ds))]
     elif inp.is_dir():
         files = sorted(p for p in inp.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise ValueError(f"input folder {inp} holds no *.png or *.jpg frames")
-        view = network_view(calib, size)
+        view = generator_view(getattr(gen, "meta", {}), calib, size)
         for f in files:
             img = read_rgb(f)
             frames.append(preprocess(img, calib, view) if raw else img)

@@ -4,9 +4,17 @@ Two pixel spaces exist:
 
 - **raw** pixels: the camera's own, distorted frames at ``calib.image_size`` (or a
   scaled copy of the calibration for smaller frames). ``pixel`` in the HTTP API is raw.
-- **view** pixels: the undistorted, cropped and resized image the network sees,
-  a virtual pinhole camera :class:`NetworkView` with the real camera's pose and the
-  matrix ``K`` chosen so that the workspace fills it (see :func:`network_view`).
+- **view** pixels: the image the network sees, :class:`NetworkView`, of one of two kinds:
+
+  - ``"camera"``: the undistorted, cropped and resized image, a virtual pinhole camera
+    with the real camera's pose and the matrix ``K`` chosen so that the workspace fills
+    it (:func:`network_view`);
+  - ``"table"``: a top-down orthographic image of the workspace, the frame warped onto
+    the horizontal plane ``plane_z`` (:func:`table_view`). A view pixel *is* a base-frame
+    ``(x, y)``, whatever the height, so an error in the predicted fingertip height no
+    longer moves a grasp sideways (through an oblique camera the ``"camera"`` kind turns
+    1 cm of height error into ~0.8 cm in ``x, y``). Things above the plane appear shifted
+    away from the camera in it, which the network learns.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ __all__ = [
     "NetworkView",
     "undistort_points",
     "network_view",
+    "table_view",
+    "make_view",
     "project_points",
     "raw_pixels_to_rays",
     "rays_to_plane",
@@ -97,15 +107,25 @@ def raw_pixel_to_base(uv: np.ndarray, calib: Calibration, z: np.ndarray | float)
 
 @dataclass(frozen=True)
 class NetworkView:
-    """The virtual undistorted pinhole camera whose image the network sees.
+    """The image the network sees: a virtual camera over the workspace.
 
     Attributes:
-        K: ``(3, 3)`` camera matrix of the view.
+        K: ``(3, 3)``. ``kind="camera"``: the pinhole matrix of a camera with the real
+            camera's pose. ``kind="table"``: the affine map from base ``(x, y, 1)`` on the
+            table to view ``(u, v, 1)`` (an orthographic camera looking down ``-z``).
         size: ``(width, height)`` in pixels.
+        kind: ``"camera"`` or ``"table"`` (see the module docstring).
+        plane_z: ``kind="table"``: height in ``B`` of the plane the frame is warped onto.
     """
 
     K: np.ndarray
     size: tuple[int, int]
+    kind: str = "camera"
+    plane_z: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("camera", "table"):
+            raise ValueError(f"view kind must be 'camera' or 'table', got {self.kind!r}")
 
     @property
     def width(self) -> int:
@@ -115,12 +135,24 @@ class NetworkView:
     def height(self) -> int:
         return self.size[1]
 
+    @property
+    def is_table(self) -> bool:
+        return self.kind == "table"
+
     def to_dict(self) -> dict:
-        return {"K": self.K.tolist(), "size": list(self.size)}
+        d = {"K": np.asarray(self.K).tolist(), "size": list(self.size), "kind": self.kind}
+        if self.is_table:
+            d["plane_z"] = float(self.plane_z)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> NetworkView:
-        return cls(K=np.asarray(d["K"], dtype=np.float64), size=(int(d["size"][0]), int(d["size"][1])))
+        return cls(
+            K=np.asarray(d["K"], dtype=np.float64),
+            size=(int(d["size"][0]), int(d["size"][1])),
+            kind=str(d.get("kind", "camera")),  # artifacts before the table view had no kind
+            plane_z=float(d.get("plane_z", 0.0)),
+        )
 
 
 def network_view(
@@ -152,9 +184,63 @@ def network_view(
     return NetworkView(K=K, size=(w, h))
 
 
+def table_view(
+    calib: Calibration,
+    size: tuple[int, int],
+    margin: float = 0.03,
+    plane_height: float = 0.02,
+) -> NetworkView:
+    """The top-down view of the workspace (plus ``margin`` metres) in ``size`` pixels.
+
+    The image axes are base axes, turned in 90 degree steps so that the view looks the way
+    the camera sees the cell (``u`` is the base axis nearest the camera's image right):
+    panels read naturally and a horizontal flip is a mirror across the camera's line of
+    sight. Pixels are square; the workspace is centred.
+
+    Args:
+        plane_height: metres above ``table_z`` of the plane the frame is warped onto: about
+            the height of the parts grasped, so that they appear where they stand.
+    """
+    R = calib.T_base_camera[:3, :3]
+    right = R[:2, 0]
+    if abs(right[0]) >= abs(right[1]):
+        u_dir = np.array([np.sign(right[0]) or 1.0, 0.0])
+    else:
+        u_dir = np.array([0.0, np.sign(right[1]) or 1.0])
+    v_dir = np.array([u_dir[1], -u_dir[0]])  # u x v = -z: a camera looking down, not a mirror
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    extent = np.array([x1 - x0, y1 - y0]) + 2 * margin
+    centre = np.array([(x0 + x1) / 2, (y0 + y1) / 2])
+    w, h = int(size[0]), int(size[1])
+    res = max(float(np.abs(u_dir) @ extent) / w, float(np.abs(v_dir) @ extent) / h)
+    K = np.array(
+        [
+            [u_dir[0] / res, u_dir[1] / res, (w - 1) / 2 - u_dir @ centre / res],
+            [v_dir[0] / res, v_dir[1] / res, (h - 1) / 2 - v_dir @ centre / res],
+            [0.0, 0.0, 1.0],
+        ]
+    )
+    return NetworkView(K=K, size=(w, h), kind="table", plane_z=float(calib.table_z + plane_height))
+
+
+def make_view(calib: Calibration, size: tuple[int, int], kind: str = "camera", **kw: float) -> NetworkView:
+    """:func:`table_view` or :func:`network_view` by ``kind`` (``kw`` go to the chosen one)."""
+    if kind == "table":
+        return table_view(calib, size, **kw)
+    if kind == "camera":
+        return network_view(calib, size, **{k: v for k, v in kw.items() if k == "margin"})
+    raise ValueError(f"view kind must be 'camera' or 'table', got {kind!r}")
+
+
 def base_to_view_pixels(points_base: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
-    """Project base-frame points into view pixels ``(N, 2)`` (no distortion)."""
-    cam = transform_points(calib.T_camera_base, points_base)
+    """Project base-frame points into view pixels ``(N, 2)`` (no distortion).
+
+    ``kind="table"``: the point's ``(x, y)``; its height does not matter.
+    """
+    pts = np.asarray(points_base, dtype=np.float64).reshape(-1, 3)
+    if view.is_table:
+        return pts[:, :2] @ view.K[:2, :2].T + view.K[:2, 2]
+    cam = transform_points(calib.T_camera_base, pts)
     uvw = cam @ view.K.T
     return uvw[:, :2] / uvw[:, 2:3]
 
@@ -162,23 +248,41 @@ def base_to_view_pixels(points_base: np.ndarray, calib: Calibration, view: Netwo
 def view_pixels_to_base(
     uv: np.ndarray, calib: Calibration, view: NetworkView, z: np.ndarray | float
 ) -> np.ndarray:
-    """Back-project view pixels onto the plane(s) at height ``z`` in ``B`` ``(N, 3)``."""
+    """Back-project view pixels onto the plane(s) at height ``z`` in ``B`` ``(N, 3)``.
+
+    ``kind="table"``: the pixel's ``(x, y)`` at height ``z``.
+    """
     uv = np.asarray(uv, dtype=np.float64).reshape(-1, 2)
+    if view.is_table:
+        xy = (uv - view.K[:2, 2]) @ np.linalg.inv(view.K[:2, :2]).T
+        zz = np.broadcast_to(np.asarray(z, dtype=np.float64), (len(uv),))
+        return np.concatenate([xy, zz[:, None]], axis=1)
     Kinv = np.linalg.inv(view.K)
     rays = np.concatenate([uv, np.ones((len(uv), 1))], axis=1) @ Kinv.T
     return rays_to_plane(rays, calib, z)
 
 
-def raw_to_view_pixels(uv: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
-    """Map raw (distorted) pixels of ``calib``'s frames to view pixels ``(N, 2)``."""
+def raw_to_view_pixels(
+    uv: np.ndarray, calib: Calibration, view: NetworkView, z: np.ndarray | float | None = None
+) -> np.ndarray:
+    """Map raw (distorted) pixels of ``calib``'s frames to view pixels ``(N, 2)``.
+
+    ``kind="table"``: the raw pixel's ray meets the plane at height ``z`` (default the
+    view's ``plane_z``: where the image content lands); ``kind="camera"`` ignores ``z``.
+    """
     rays = raw_pixels_to_rays(uv, calib)
+    if view.is_table:
+        return base_to_view_pixels(rays_to_plane(rays, calib, view.plane_z if z is None else z), calib, view)
     uvw = rays @ view.K.T
     return uvw[:, :2] / uvw[:, 2:3]
 
 
 def view_to_raw_pixels(uv: np.ndarray, calib: Calibration, view: NetworkView) -> np.ndarray:
-    """Map view pixels to raw (distorted) pixels of ``calib``'s frames ``(N, 2)``."""
+    """Map view pixels to raw (distorted) pixels of ``calib``'s frames ``(N, 2)``
+    (``kind="table"``: the view pixel's point on the plane ``plane_z``)."""
     uv = np.asarray(uv, dtype=np.float64).reshape(-1, 2)
+    if view.is_table:
+        return project_points(view_pixels_to_base(uv, calib, view, view.plane_z), calib)
     rays = np.concatenate([uv, np.ones((len(uv), 1))], axis=1) @ np.linalg.inv(view.K).T
     out, _ = cv2.projectPoints(rays, np.zeros(3), np.zeros(3), calib.K, calib.dist)
     return out.reshape(-1, 2)

@@ -70,6 +70,21 @@ def _cached_maps(K: bytes, dist: bytes, Kv: bytes, size: tuple[int, int]) -> tup
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_table_maps(calib_json: str, view_json: str) -> tuple[np.ndarray, np.ndarray]:
+    import json
+
+    from perception.geometry import view_to_raw_pixels
+
+    calib = Calibration.from_dict(json.loads(calib_json), check_view=False)
+    view = NetworkView.from_dict(json.loads(view_json))
+    W, H = view.size
+    vv, uu = np.mgrid[0:H, 0:W]
+    raw = view_to_raw_pixels(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view)
+    m = raw.reshape(H, W, 2).astype(np.float32)
+    return np.ascontiguousarray(m[..., 0]), np.ascontiguousarray(m[..., 1])
+
+
 def view_maps(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray]:
     """Raw pixel coordinates sampled for every view pixel (cached per camera and view).
 
@@ -80,12 +95,23 @@ def view_maps(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np
     Returns:
         ``map_x``, ``map_y``: ``(view.height, view.width)`` float32, for ``cv2.remap``.
     """
+    if view.is_table:
+        import json
+
+        # The table view depends on the camera's pose too: key on the whole calibration.
+        return _cached_table_maps(json.dumps(raw_calib.to_dict(), sort_keys=True), json.dumps(view.to_dict()))
     return _cached_maps(
         np.asarray(raw_calib.K, dtype=np.float64).tobytes(),
         np.asarray(raw_calib.dist, dtype=np.float64).tobytes(),
         np.asarray(view.K, dtype=np.float64).tobytes(),
         (int(view.size[0]), int(view.size[1])),
     )
+
+
+def _sampling_step(m1: np.ndarray, m2: np.ndarray) -> float:
+    """Raw pixels between neighbouring view pixels (median), to size the anti-alias blur."""
+    du = np.hypot(np.diff(m1, axis=1), np.diff(m2, axis=1))
+    return float(np.median(du)) if du.size else 1.0
 
 
 def _raw_calibration(shape: tuple[int, ...], calib: Calibration) -> Calibration:
@@ -137,7 +163,7 @@ def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.n
     cal = _raw_calibration(img.shape, calib)
     m1, m2 = view_maps(cal, view)
     # Area-like quality when shrinking a lot: blur a little first so remap does not alias.
-    scale = cal.K[0, 0] / view.K[0, 0]
+    scale = _sampling_step(m1, m2) if view.is_table else cal.K[0, 0] / view.K[0, 0]
     if scale > 2.0:
         k = int(2 * round(scale / 2) + 1)
         img = cv2.GaussianBlur(img, (k, k), 0)

@@ -15,7 +15,7 @@ import numpy as np
 
 from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION
 from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import network_view
+from perception.geometry import make_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 
@@ -36,6 +36,7 @@ def make_test_artifact(
     height: float = 0.02,
     threshold: float = 0.5,
     conv_channels: int = 0,
+    view_kind: str = "table",
 ) -> Path:
     """Write a synthetic artifact and return its directory.
 
@@ -52,12 +53,13 @@ def make_test_artifact(
         threshold: ``quality_threshold`` in the metadata.
         conv_channels: if > 0, add a 3x3 convolution stack of this width (a heavier,
             more realistic forward pass for benchmarks; it does not change the outputs).
+        view_kind: the network view's kind (``"table"``, the policy's default, or ``"camera"``).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     calib = calibration or Calibration.load(default_calibration_path())
-    view = network_view(calib, view_size)
+    view = make_view(calib, view_size, view_kind)
     W, H = view.size
     A = int(angle_bins)
 

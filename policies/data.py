@@ -29,7 +29,6 @@ same output every epoch).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -43,9 +42,9 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from perception.calibration import Calibration
 from perception.frames import MIN_TIP_CLEARANCE, transform_points
-from perception.geometry import NetworkView, network_view, raw_pixels_to_rays, raw_to_view_pixels
-from perception.grasp import angle_to_bin, normalize_angle
-from perception.preprocess import preprocess, to_network_input
+from perception.geometry import NetworkView, make_view, network_view, raw_pixels_to_rays, raw_to_view_pixels
+from perception.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
+from perception.preprocess import preprocess, to_network_input, view_maps
 
 __all__ = [
     "DEFAULT_AUGMENT",
@@ -55,6 +54,7 @@ __all__ = [
     "build_targets",
     "view_grids",
     "surface_height_view",
+    "table_view_surface",
     "labels_to_view",
     "make_policy_datasets",
     "split_by_scene",
@@ -87,32 +87,21 @@ Translator = Callable[[np.ndarray], np.ndarray]
 
 
 # ----------------------------------------------------------------------------- geometry
-@functools.lru_cache(maxsize=8)
-def _grids(K: bytes, dist: bytes, raw_size: tuple[int, int], Kv: bytes, view_size: tuple[int, int]):
-    K_arr = np.frombuffer(K, dtype=np.float64).reshape(3, 3)
-    d_arr = np.frombuffer(dist, dtype=np.float64)
-    Kv_arr = np.frombuffer(Kv, dtype=np.float64).reshape(3, 3)
-    mx, my = cv2.initUndistortRectifyMap(K_arr, d_arr, None, Kv_arr, view_size, cv2.CV_32FC1)
-    w, h = raw_size
-    valid = (mx >= -0.5) & (mx <= w - 0.5) & (my >= -0.5) & (my <= h - 0.5)
-    return mx, my, valid
-
-
 def view_grids(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Raw pixel coordinates of every view pixel, as :func:`preprocess` samples them.
 
     Args:
-        raw_calib: the nominal calibration scaled to the raw frame size.
+        raw_calib: the calibration the frame is preprocessed with, scaled to its size.
         view: the network view.
 
     Returns:
         ``map_x``, ``map_y`` ``(H, W)`` float32 raw pixel coordinates and ``valid`` ``(H, W)``
         bool (inside the raw frame).
     """
-    return _grids(
-        raw_calib.K.tobytes(), raw_calib.dist.tobytes(), tuple(raw_calib.image_size),
-        np.asarray(view.K, dtype=np.float64).tobytes(), tuple(view.size),
-    )
+    mx, my = view_maps(raw_calib, view)
+    w, h = raw_calib.image_size
+    valid = (mx >= -0.5) & (mx <= w - 0.5) & (my >= -0.5) & (my <= h - 0.5)
+    return mx, my, valid
 
 
 def _nearest(arr: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
@@ -145,13 +134,57 @@ def surface_height_view(
     return out
 
 
+def table_view_surface(
+    depth: np.ndarray, seg: np.ndarray, camera: Calibration, view: NetworkView, fill_iterations: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-down surface of a ``kind="table"`` view from one depth frame.
+
+    Every raw pixel is back-projected through the camera that took it and binned into the
+    view pixel under it; each view pixel keeps the highest point (an orthographic height
+    map, the same rebuild as :func:`policies.geometric.height_grid` on the view's grid).
+    Cells nobody saw (behind tall parts) stay unknown, except single-cell gaps between
+    pixel footprints, which take their highest neighbour (``fill_iterations`` times).
+
+    Returns:
+        ``surface_z`` ``(H, W)`` float32 height in ``B`` (NaN unknown), ``top_label``
+        ``(H, W)`` uint8 segmentation label of that highest point, ``known`` ``(H, W)`` bool.
+    """
+    from perception.geometry import base_to_view_pixels
+
+    W, H = view.size
+    h, w = depth.shape
+    vv, uu = np.mgrid[0:h, 0:w]
+    ok = (depth > 0) & np.isfinite(depth)
+    rays = raw_pixels_to_rays(np.stack([uu[ok], vv[ok]], axis=1), camera)
+    pts = transform_points(camera.T_base_camera, rays * depth[ok].astype(np.float64)[:, None])
+    uv = np.rint(base_to_view_pixels(pts, camera, view)).astype(np.int64)
+    inside = (uv[:, 0] >= 0) & (uv[:, 0] < W) & (uv[:, 1] >= 0) & (uv[:, 1] < H)
+    iu, iv, z, lab = uv[inside, 0], uv[inside, 1], pts[inside, 2], np.asarray(seg)[ok][inside]
+    height = np.full((H, W), -np.inf)
+    np.maximum.at(height, (iv, iu), z)
+    order = np.argsort(z, kind="stable")  # the last (highest) write wins
+    top = np.zeros((H, W), dtype=np.uint8)
+    top[iv[order], iu[order]] = lab[order]
+    k3 = np.ones((3, 3), np.uint8)
+    for _ in range(int(fill_iterations)):
+        known = np.isfinite(height)
+        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), k3)
+        lab_grown = cv2.dilate(np.where(known, top, 0).astype(np.uint8), k3)
+        fill = ~known & (grown > -1e8)
+        height[fill] = grown[fill]
+        top[fill] = lab_grown[fill]
+    known = np.isfinite(height)
+    return np.where(known, height, np.nan).astype(np.float32), top, known
+
+
 def labels_to_view(
     grasps: dict[str, np.ndarray], raw_calib: Calibration, view: NetworkView
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Label centres, image-plane angles and openings in view pixels.
+    """Label centres, image-plane angles and openings in view pixels, from their raw pixels.
 
     The fingertips (raw pixel centre +- half the raw opening along the raw angle) are
-    mapped too, so the angle and opening are those of the view image.
+    mapped too, so the angle and opening are those of the view image. A table view places
+    each on the plane at the label's own fingertip height (``grasps["position"]``).
 
     Returns:
         ``uv (G, 2)``, ``angle (G,)`` radians in ``(-pi/2, pi/2]``, ``width_px (G,)``.
@@ -163,7 +196,10 @@ def labels_to_view(
     a = np.asarray(grasps["image_angle"], dtype=np.float64)
     half = 0.5 * np.asarray(grasps["image_width"], dtype=np.float64)
     d = np.stack([np.cos(a), np.sin(a)], axis=1) * half[:, None]
-    pts = raw_to_view_pixels(np.concatenate([uv_raw, uv_raw - d, uv_raw + d]), raw_calib, view)
+    z = None
+    if view.is_table:
+        z = np.tile(np.asarray(grasps["position"], dtype=np.float64).reshape(-1, 3)[:, 2], 3)
+    pts = raw_to_view_pixels(np.concatenate([uv_raw, uv_raw - d, uv_raw + d]), raw_calib, view, z)
     c, t0, t1 = pts[:G], pts[G : 2 * G], pts[2 * G :]
     line = t1 - t0
     angle = normalize_angle(np.arctan2(line[:, 1], line[:, 0]))
@@ -455,6 +491,11 @@ class PolicyFrames(Dataset):
         item = self.frames[j]
         rgb = np.asarray(item["rgb"])
         h, w = rgb.shape[:2]
+        if self.view.is_table:
+            rec = self._compact_table(item, rgb)
+            if self.cache:
+                self._cache[j] = rec
+            return rec
         raw_calib = self.calibration.scaled((w, h))
         view_rgb = preprocess(rgb, self.calibration, self.view)
         if self.translator is not None:
@@ -502,6 +543,42 @@ class PolicyFrames(Dataset):
         if self.cache:
             self._cache[j] = rec
         return rec
+
+    def _compact_table(self, item: dict, rgb: np.ndarray) -> dict:
+        """:meth:`compact` for a top-down (``kind="table"``) view.
+
+        The frame is warped with the calibration of the camera that took it, as a user's
+        calibrated camera is at deployment; a view pixel is then a base-frame ``(x, y)``,
+        so labels go in by their base-frame position and yaw, and the dense targets come
+        from the depth rebuilt top-down (:func:`table_view_surface`): the fingertip height
+        of a cell is the labeller's rule on its top, table and bin cells are negatives.
+        """
+        if float(self.targets["geometric_weight"]) > 0:
+            raise ValueError("targets.geometric_weight > 0 needs a camera view (policy.view.kind=camera)")
+        camera: Calibration = item["camera"]
+        view_rgb = preprocess(rgb, camera, self.view)
+        if self.translator is not None:
+            view_rgb = np.asarray(self.translator(view_rgb[None]), dtype=np.uint8)[0]
+        surface, top_label, known = table_view_surface(np.asarray(item["depth"]), np.asarray(item["seg"]), camera,
+                                                       self.view)
+        g = item["grasps"]
+        pos = np.asarray(g["position"], dtype=np.float64).reshape(-1, 3)
+        uv, angle, _ = base_grasp_to_view(pos, np.asarray(g["yaw"], dtype=np.float64).reshape(-1),
+                                          np.asarray(g["width"], dtype=np.float64).reshape(-1), camera, self.view)
+        return {
+            "geometric": None,
+            "grasp_height": None,
+            "view_rgb": view_rgb,
+            "seg_view": top_label,
+            "valid": known,
+            "surface_z": surface.astype(np.float16),
+            "label_uv": uv.astype(np.float32),
+            "label_angle": np.asarray(angle, dtype=np.float32),
+            "label_success": np.asarray(g["success"], dtype=bool),
+            "label_width": np.asarray(g["width"], dtype=np.float32),
+            "label_z": pos[:, 2].astype(np.float32),
+            "scene": int(item["scene"]),
+        }
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         rec = self.compact(i)
@@ -555,7 +632,7 @@ def _frame_scenes(frames: Any) -> list[int]:
 
 def make_policy_datasets(
     dataset_dirs: Sequence[str | Path],
-    view: NetworkView | None,
+    view: NetworkView | dict | None,
     view_size: Sequence[int],
     angle_bins: int,
     translator: Translator | None = None,
@@ -570,6 +647,11 @@ def make_policy_datasets(
     All folders must share the nominal calibration (the view is built from it).
     ``augment`` applies to the training frames only.
 
+    Args:
+        view: a :class:`NetworkView`, or a spec ``{"kind": "table" | "camera", **kw}`` that
+            :func:`perception.geometry.make_view` builds on the nominal calibration with
+            ``view_size`` (``None``: the camera view).
+
     Returns:
         ``train``, ``val`` (``None`` when empty), the view, the nominal calibration.
     """
@@ -583,8 +665,9 @@ def make_policy_datasets(
         frames = SimFrameDataset(d)
         if calib is None:
             calib = frames.calibration
-            if view is None:
-                view = network_view(calib, tuple(int(v) for v in view_size))
+            if not isinstance(view, NetworkView):
+                spec = dict(view or {"kind": "camera"})
+                view = make_view(calib, tuple(int(v) for v in view_size), str(spec.pop("kind", "camera")), **spec)
         elif not np.allclose(frames.calibration.T_base_camera, calib.T_base_camera) or not np.allclose(
             frames.calibration.K, calib.K
         ):

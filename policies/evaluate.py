@@ -316,7 +316,10 @@ class OraclePixelPolicy(OraclePolicy):
         pts = np.concatenate([np.asarray([g.position]), g.fingertips()])
         raw = project_points(pts, ctx.camera)  # the camera that took the frame (its size)
         calib = ctx.calib if calibration is None else calibration  # what the policy is told
-        uv = raw_to_view_pixels(raw, calib.scaled((raw_rgb.shape[1], raw_rgb.shape[0])), self.view)
+        # A table view's pixel is where the ray meets the grasp's own height (what a perfect
+        # policy's pixel + height amounts to); a camera view ignores the height.
+        uv = raw_to_view_pixels(raw, calib.scaled((raw_rgb.shape[1], raw_rgb.shape[0])), self.view,
+                                np.full(len(raw), g.position[2]))
         line = uv[2] - uv[1]
         a = angle_bin_centers(self.angle_bins)[angle_to_bin(np.arctan2(line[1], line[0]), self.angle_bins)]
         centre = np.rint(uv[:1])

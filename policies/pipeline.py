@@ -151,7 +151,9 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         from adaptation.train import train as adapt_train
 
         adaptation = _plain(cfg.adaptation)
-        adaptation["image_size"] = list(cfg.policy.view_size)  # translate at the policy's view scale
+        adaptation["image_size"] = list(cfg.policy.view_size)  # translate at the policy's view scale ...
+        if cfg.policy.get("view") is not None:
+            adaptation["view"] = _plain(cfg.policy.view)  # ... and in its view: the images the policy sees
         a_budget = _plain(budget.adapt)
         a_payload = {"adaptation": adaptation, "budget": a_budget, "sim": sim_hash, "real": real_hash,
                      "calibration": calib.digest(), "seed": seed}

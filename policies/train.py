@@ -94,8 +94,9 @@ def train_policy(
 
     view_size = tuple(int(v) for v in pcfg.view_size)
     angle_bins = int(pcfg.angle_bins)
+    view_spec = OmegaConf.to_container(pcfg.view, resolve=True) if pcfg.get("view") else {"kind": "camera"}
     train_ds, val_ds, view, calib = make_policy_datasets(
-        [str(d) for d in dataset_dirs], None, view_size, angle_bins, translator,
+        [str(d) for d in dataset_dirs], view_spec, view_size, angle_bins, translator,
         OmegaConf.to_container(pcfg.targets, resolve=True), float(pcfg.val_fraction), int(seed),
         bool(pcfg.get("cache", True)),
         OmegaConf.to_container(pcfg.augment, resolve=True) if pcfg.get("augment") else None,

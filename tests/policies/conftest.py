@@ -1,5 +1,5 @@
 """Fixtures of the policy tests: a tiny dataset rendered by the real renderer into a
-temporary folder (once per session), the default calibration and its network view."""
+temporary folder (once per session), the default calibration and its network views."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import network_view
+from perception.geometry import make_view
 
 VIEW_SIZE = (64, 64)  # small views keep the fits fast; the code paths are the same
 
@@ -25,9 +25,10 @@ def calib() -> Calibration:
     return Calibration.load(default_calibration_path())
 
 
-@pytest.fixture(scope="session")
-def view(calib):
-    return network_view(calib, VIEW_SIZE)
+@pytest.fixture(scope="session", params=["table", "camera"])
+def view(calib, request):
+    """Both kinds of network view: every test of the geometry and the targets runs on each."""
+    return make_view(calib, VIEW_SIZE, request.param)
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,8 @@ from perception.geometry import base_to_view_pixels, project_points, raw_to_view
 from perception.grasp import angle_bin_centers, base_grasp_to_view, normalize_angle, view_grasp_to_base
 
 HEIGHTS = [MIN_TIP_CLEARANCE, 0.02, 0.05, 0.09]
-#: Pixel tolerance: the packaged calibration's rotation is rounded to 6 decimals, so R.T is its
-#: inverse only to ~1e-6 and a round trip drifts by ~1e-4 px (4 micrometres at the table).
-PX_TOL = 1e-3
+#: Pixel tolerance of round trips (the packaged rotation is orthonormal to full precision).
+PX_TOL = 1e-6
 
 
 @pytest.mark.parametrize("h", HEIGHTS)
@@ -44,7 +43,7 @@ def test_raw_pixel_round_trip_through_base(calib, view, h):
     pts = np.stack([rng.uniform(*calib.workspace_x, 15), rng.uniform(*calib.workspace_y, 15),
                     np.full(15, calib.table_z + h)], axis=1)
     raw = project_points(pts, calib)
-    uv = raw_to_view_pixels(raw, calib, view)
+    uv = raw_to_view_pixels(raw, calib, view, pts[:, 2])  # the height matters only to a table view
     np.testing.assert_allclose(uv, base_to_view_pixels(pts, calib, view), atol=PX_TOL)
     back = view_pixels_to_base(uv, calib, view, pts[:, 2])
     np.testing.assert_allclose(back, pts, atol=1e-5)
@@ -72,3 +71,44 @@ def test_decode_returns_the_peak_at_its_height(calib, view, h):
     # Below the threshold: no grasp, with a reason.
     none = decode_grasp(q * 0.5, width, height, calib, view, 0.5)
     assert none.grasp is None and none.reason
+
+
+def test_table_view_pixels_are_base_xy_at_every_height(calib):
+    """A table view's pixel is a base (x, y): the height never moves a grasp sideways, the
+    workspace (plus margin) fills the view, and its axes follow the camera's image."""
+    from perception.geometry import table_view, view_pixels_to_base
+
+    view = table_view(calib, (96, 96), margin=0.03)
+    uv = np.array([[10.0, 20.0], [47.5, 47.5], [90.0, 5.0]])
+    low = view_pixels_to_base(uv, calib, view, calib.table_z)
+    high = view_pixels_to_base(uv, calib, view, calib.table_z + 0.1)
+    np.testing.assert_allclose(low[:, :2], high[:, :2], atol=1e-12)
+    corners = np.array([[x, y, 0.0] for x in calib.workspace_x for y in calib.workspace_y])
+    px = base_to_view_pixels(corners, calib, view)
+    assert px.min() >= 0 and px.max() <= 95
+    # Square pixels: 0.36 m (workspace + margins) over 96 px.
+    d = base_to_view_pixels(np.array([[0.5, 0.0, 0], [0.5 + 0.0375, 0.0, 0]]), calib, view)
+    assert np.linalg.norm(d[1] - d[0]) == pytest.approx(10.0)
+    # The packaged camera looks along -x with +y to its right: u follows +y, v follows +x.
+    ref = base_to_view_pixels(np.array([[0.5, 0.0, 0], [0.5, 0.1, 0], [0.6, 0.0, 0]]), calib, view)
+    assert ref[1, 0] > ref[0, 0] and abs(ref[1, 1] - ref[0, 1]) < 1e-9
+    assert ref[2, 1] > ref[0, 1] and abs(ref[2, 0] - ref[0, 0]) < 1e-9
+
+
+def test_table_view_warp_puts_a_table_point_on_its_pixel(calib):
+    """preprocess with a table view samples each view pixel where its plane point projects."""
+    import cv2
+
+    from perception.geometry import table_view
+    from perception.preprocess import preprocess
+
+    view = table_view(calib, (96, 96), plane_height=0.0)
+    W, H = calib.image_size
+    frame = np.zeros((H, W, 3), np.uint8)
+    pt = np.array([[0.45, -0.05, calib.table_z]])
+    u, v = np.rint(project_points(pt, calib)[0]).astype(int)
+    cv2.circle(frame, (int(u), int(v)), 6, (255, 255, 255), -1)
+    out = preprocess(frame, calib, view)[..., 0].astype(np.float64)
+    vv, uu = np.mgrid[0 : out.shape[0], 0 : out.shape[1]]
+    centroid = np.array([(uu * out).sum(), (vv * out).sum()]) / out.sum()
+    np.testing.assert_allclose(centroid, base_to_view_pixels(pt, calib, view)[0], atol=0.5)
