@@ -13,6 +13,7 @@ Metadata (``format_version`` 1)::
                "size": [W, H], "mean": [3], "std": [3]},
      "outputs": {"quality": "quality", "width": "width", "height": "height"},
      "angle_bins": A, "quality_threshold": 0.5,
+     "decode": {"neighbourhood_px": 1, "width_margin": 0.08},   (optional; absent: 0, 0)
      "view": NetworkView.to_dict(), "calibration": {contract calibration},
      "training": {...}, "code_version": "..."}
 
@@ -79,6 +80,8 @@ class ArtifactMetadata:
         outputs: ``{"quality": name, "width": name, "height": name}`` ONNX output names.
         angle_bins: number of image-plane angle bins ``A``.
         quality_threshold: default decision threshold.
+        decode: keyword options of :func:`perception.decode.decode_grasp` the policy was
+            tuned with (``neighbourhood_px``, ``width_margin``).
         view: the network's :class:`~perception.geometry.NetworkView`.
         calibration: the calibration the policy was trained for.
         raw: the whole JSON document.
@@ -96,6 +99,7 @@ class ArtifactMetadata:
     view: NetworkView
     calibration: Calibration
     raw: dict = field(default_factory=dict)
+    decode: dict = field(default_factory=dict)
 
     @property
     def code_version(self) -> str | None:
@@ -118,6 +122,22 @@ def _triple(d: dict, key: str) -> tuple[float, float, float]:
     if key == "std" and any(v <= 0 for v in vals):
         raise ArtifactError("artifact metadata field 'input.std' must be positive")
     return vals  # type: ignore[return-value]
+
+
+def _decode_options(d: Any) -> dict:
+    """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
+    if not isinstance(d, dict):
+        raise ArtifactError("artifact metadata field 'decode' must be an object")
+    unknown = set(d) - {"neighbourhood_px", "width_margin"}
+    if unknown:
+        raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
+    try:
+        out = {"neighbourhood_px": int(d.get("neighbourhood_px", 0)), "width_margin": float(d.get("width_margin", 0.0))}
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"artifact metadata field 'decode' must hold numbers: {exc}") from exc
+    if out["neighbourhood_px"] < 0 or not 0.0 <= out["width_margin"] <= 1.0:
+        raise ArtifactError("artifact metadata field 'decode': neighbourhood_px must be >= 0, width_margin in [0, 1] m")
+    return out
 
 
 def load_metadata(artifact_dir: str | Path) -> ArtifactMetadata:
@@ -192,6 +212,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raise ArtifactError("field 'angle_bins' must be >= 1")
     if not 0.0 <= threshold <= 1.0:
         raise ArtifactError("field 'quality_threshold' must be in [0, 1]")
+    decode = _decode_options(raw.get("decode", {}))
     try:
         view = NetworkView.from_dict(_req(raw, "view"))
     except (KeyError, TypeError, ValueError) as exc:
@@ -217,6 +238,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         view=view,
         calibration=calib,
         raw=raw,
+        decode=decode,
     )
 
 

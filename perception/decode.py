@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 
 from perception.calibration import Calibration
@@ -82,6 +83,8 @@ def decode_grasp(
     view: NetworkView,
     threshold: float,
     workspace_margin: float = 0.0,
+    neighbourhood_px: int = 0,
+    width_margin: float = 0.0,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -94,6 +97,13 @@ def decode_grasp(
         view: the network's view.
         threshold: minimum quality; below it no grasp is returned.
         workspace_margin: metres by which the workspace is shrunk on every side.
+        neighbourhood_px: ``r > 0`` scores each (angle, pixel) by the *lowest* quality in
+            its ``(2r+1)^2`` neighbourhood (a grey erosion per angle bin): a grasp is chosen
+            where its neighbours are good too, so a pixel or two of localisation error, or
+            an isolated spike of the map on a part's edge, does not decide the attempt.
+        width_margin: metres added to the predicted opening (clipped to the gripper's
+            0.08 m): the descent is guarded, and an opening a little wide rarely hurts
+            while one a little narrow lands a finger on the part.
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
@@ -115,6 +125,16 @@ def decode_grasp(
     finite_q = np.isfinite(q)
     if not finite_q.all():
         q = np.where(finite_q, q, -np.inf)
+    r = int(neighbourhood_px)
+    if r > 0:
+        kernel = np.ones((2 * r + 1, 2 * r + 1), np.uint8)
+        # Outside the map counts as good (border = +inf), so edge pixels are not penalised
+        # for their missing neighbours; non-finite values stay losers (-inf spreads).
+        q = np.stack([
+            cv2.erode(np.ascontiguousarray(plane, dtype=np.float32), kernel,
+                      borderType=cv2.BORDER_CONSTANT, borderValue=float("inf"))
+            for plane in q
+        ])
     abin = q.argmax(axis=0)
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
@@ -150,7 +170,7 @@ def decode_grasp(
     a = int(abin[v, u])
     angle = float(angle_bin_centers(A)[a])
     pos, yaw, _ = view_grasp_to_base(uv[k : k + 1], np.array([angle]), np.array([_YAW_SEGMENT_PX]), z[k : k + 1], calib, view)
-    w_m = float(np.clip(wmap[v, u], 0.0, GRIPPER_MAX_WIDTH))
+    w_m = float(np.clip(wmap[v, u] + float(width_margin), 0.0, GRIPPER_MAX_WIDTH))
     grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=w_m, quality=float(qbest[v, u]))
     if not grasp_in_workspace(grasp, calib, m):  # defensive: the same numbers were checked above
         return _none("the best grasp failed the final workspace check")

@@ -175,7 +175,7 @@ class OnnxPolicy:
             maps = self.runner.infer_view(preprocess(raw_rgb, calib, self.runner.view))
         return decode_grasp(
             maps.quality, maps.width, maps.height, calib, self.runner.view, self.threshold,
-            workspace_margin=self.workspace_margin,
+            workspace_margin=self.workspace_margin, **self.runner.meta.decode,
         )
 
 
@@ -218,6 +218,13 @@ class TorchPolicy:
         self.angle_bins = int(self.net.angle_bins)
         self.threshold = float(threshold)
         self.workspace_margin = float(workspace_margin)
+        # The decode options the policy was trained with (as the artifact carries them).
+        pcfg = (hp.get("config") or {}).get("policy", {})
+        self.decode = dict(pcfg.get("decode") or {})
+        from policies.networks import ExportWrapper
+
+        # The exported graph's forward (with its test-time mirror average when configured).
+        self.graph = ExportWrapper(self.net, bool(pcfg.get("flip_average", False))).to(device).eval()
         self.device = device
         self._torch = torch
         self.name = "torch"
@@ -232,15 +239,15 @@ class TorchPolicy:
         calib = self.calibration if calibration is None else calibration
         x = torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, self.view))).to(self.device)
         with torch.no_grad():
-            out = self.net(x)
-        q = torch.sigmoid(out["quality_logits"])[0].cpu().numpy()
-        return q, out["width"][0, 0].cpu().numpy(), out["height"][0, 0].cpu().numpy()
+            q, w, h = self.graph(x)
+        return q[0].cpu().numpy(), w[0, 0].cpu().numpy(), h[0, 0].cpu().numpy()
 
     def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
         """Grasp for one raw frame; ``calibration`` overrides the policy's for this frame."""
         calib = self.calibration if calibration is None else calibration
         q, w, h = self.maps(raw_rgb, calib)
-        return decode_grasp(q, w, h, calib, self.view, self.threshold, workspace_margin=self.workspace_margin)
+        return decode_grasp(q, w, h, calib, self.view, self.threshold, workspace_margin=self.workspace_margin,
+                            **self.decode)
 
 
 class OraclePolicy:

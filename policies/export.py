@@ -6,7 +6,7 @@ The format is the one :mod:`perception.artifact` reads (``format_version`` 1)::
      "input": {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
                "size": [W, H], "mean": [3], "std": [3]},
      "outputs": {"quality": "quality", "width": "width", "height": "height"},
-     "angle_bins": A, "quality_threshold": 0.5, "view": NetworkView.to_dict(),
+     "angle_bins": A, "quality_threshold": 0.5, "decode": {policy.decode}, "view": NetworkView.to_dict(),
      "calibration": {...}, "training": {...}, "code_version": "..."}
 
 The graph is :class:`policies.networks.ExportWrapper` (quality as probabilities) with a
@@ -76,13 +76,13 @@ def _net_of(module_or_net: nn.Module) -> GraspNet:
     return net
 
 
-def export_onnx(net: GraspNet, path: Path, size: tuple[int, int]) -> None:
-    """Write ``ExportWrapper(net)`` to ``path`` (input ``image`` ``(N, 3, H, W)``, dynamic ``N``).
+def export_onnx(net: GraspNet, path: Path, size: tuple[int, int], flip_average: bool = False) -> None:
+    """Write ``ExportWrapper(net, flip_average)`` to ``path`` (input ``image`` ``(N, 3, H, W)``, dynamic ``N``).
 
     The dynamo exporter (onnx + onnxscript) is tried first, the TorchScript one second.
     """
     w, h = size
-    wrapper = ExportWrapper(net).eval().cpu()
+    wrapper = ExportWrapper(net, flip_average).eval().cpu()
     x = torch.zeros(2, 3, h, w)
     names = {"input_names": ["image"], "output_names": ["quality", "width", "height"]}
     errors = []
@@ -126,7 +126,7 @@ class _Quiet:
             lg.setLevel(lvl)
 
 
-def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray) -> float:
+def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray, flip_average: bool = False) -> float:
     """Largest absolute difference between onnxruntime and torch outputs on ``x`` ``(N, 3, H, W)``."""
     import onnxruntime as ort
 
@@ -135,7 +135,7 @@ def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray) -> float:
     sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
     got = sess.run(["quality", "width", "height"], {"image": x.astype(np.float32)})
     with torch.no_grad():
-        want = ExportWrapper(net).eval().cpu()(torch.from_numpy(x.astype(np.float32)))
+        want = ExportWrapper(net, flip_average).eval().cpu()(torch.from_numpy(x.astype(np.float32)))
     return max(float(np.max(np.abs(g - w.numpy()))) for g, w in zip(got, want))
 
 
@@ -187,12 +187,13 @@ def export_artifact(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         onnx_path = tmp / ONNX_FILE
-        export_onnx(net, onnx_path, (w, h))
+        flip_average = bool(cfgd.get("flip_average", False))
+        export_onnx(net, onnx_path, (w, h), flip_average)
         rng = np.random.default_rng(0)
         checks = [rng.standard_normal((2, 3, h, w)).astype(np.float32)]
         if sample_inputs is not None:
             checks.append(np.asarray(sample_inputs, dtype=np.float32))
-        diff = max(onnx_torch_max_diff(net, onnx_path, x) for x in checks)
+        diff = max(onnx_torch_max_diff(net, onnx_path, x, flip_average) for x in checks)
         if not diff <= verify_atol:
             raise ExportError(f"onnxruntime and torch outputs differ by {diff:.2e} (> {verify_atol:.0e})")
         meta = {
@@ -211,6 +212,7 @@ def export_artifact(
             "outputs": {"quality": "quality", "width": "width", "height": "height"},
             "angle_bins": int(net.angle_bins),
             "quality_threshold": threshold,
+            "decode": dict(cfgd.get("decode") or {}),
             "view": view.to_dict(),
             "calibration": calibration.to_dict(),
             "training": {**(training or {}), "config": cfgd, "onnx_max_abs_diff": diff},

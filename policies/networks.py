@@ -105,12 +105,31 @@ class GraspNet(nn.Module):
 
 
 class ExportWrapper(nn.Module):
-    """The deployed graph: ``image -> (quality, width, height)`` with quality a probability."""
+    """The deployed graph: ``image -> (quality, width, height)`` with quality a probability.
 
-    def __init__(self, net: GraspNet) -> None:
+    Args:
+        net: the trained network.
+        flip_average: also run the horizontally mirrored image and average the two sets of
+            maps (mirrored back, angle bin ``b`` read from bin ``-b mod A``): the mirror
+            the training augmentation uses, as a test-time ensemble that halves the
+            variance of the map an arg-max is taken on. Twice the compute.
+    """
+
+    def __init__(self, net: GraspNet, flip_average: bool = False) -> None:
         super().__init__()
         self.net = net
+        self.flip_average = bool(flip_average)
+        A = int(net.angle_bins)
+        self.register_buffer("mirror_bins", torch.tensor([(-b) % A for b in range(A)], dtype=torch.long),
+                             persistent=False)
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self.net(image)
-        return torch.sigmoid(out["quality_logits"]), out["width"], out["height"]
+        quality, width, height = torch.sigmoid(out["quality_logits"]), out["width"], out["height"]
+        if self.flip_average:
+            m = self.net(torch.flip(image, dims=[3]))
+            quality_m = torch.flip(torch.sigmoid(m["quality_logits"]), dims=[3]).index_select(1, self.mirror_bins)
+            quality = 0.5 * (quality + quality_m)
+            width = 0.5 * (width + torch.flip(m["width"], dims=[3]))
+            height = 0.5 * (height + torch.flip(m["height"], dims=[3]))
+        return quality, width, height

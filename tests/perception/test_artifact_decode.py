@@ -38,6 +38,9 @@ def test_metadata_round_trip(artifact_dir, calib):
         (lambda m: m.pop("angle_bins"), "angle_bins"),
         (lambda m: m["view"].update(size=[10, 10]), "view.size"),
         (lambda m: m["calibration"].pop("K"), "'K'"),
+        (lambda m: m.update(decode={"neighbourhood_px": -1}), "neighbourhood_px"),
+        (lambda m: m.update(decode={"blur": 2}), "unknown keys"),
+        (lambda m: m["view"].update(kind="fisheye"), "view"),
     ],
 )
 def test_bad_metadata_is_refused(tmp_path, artifact_dir, mutate, message):
@@ -123,18 +126,23 @@ def test_nan_maps_never_give_a_grasp(artifact_dir, calib):
     margin=st.sampled_from([0.0, 0.01, 0.05]),
     scale=st.sampled_from([0.01, 0.1, 1.0, 10.0]),
     angle_bins=st.sampled_from([1, 6, 12]),
+    kind=st.sampled_from(["table", "camera"]),
+    neighbourhood=st.sampled_from([0, 1, 2]),
+    width_margin=st.sampled_from([0.0, 0.02, 0.08]),
 )
-def test_decode_property_never_outside_workspace(calib, seed, threshold, margin, scale, angle_bins):
-    """Over random maps, a returned grasp is always inside the workspace, with a
-    normalised yaw and an opening the gripper can make."""
-    from perception.geometry import network_view
+def test_decode_property_never_outside_workspace(calib, seed, threshold, margin, scale, angle_bins, kind,
+                                                 neighbourhood, width_margin):
+    """Over random maps, both view kinds and the decode options, a returned grasp is always
+    inside the workspace, with a normalised yaw and an opening the gripper can make."""
+    from perception.geometry import make_view
 
-    view = network_view(calib, (40, 32))
+    view = make_view(calib, (40, 32), kind)
     rng = np.random.default_rng(seed)
     q = rng.random((angle_bins, 32, 40)).astype(np.float32)
     width = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
     height = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
-    dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin)
+    dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin,
+                       neighbourhood_px=neighbourhood, width_margin=width_margin)
     if dec.grasp is None:
         assert dec.reason
         return
@@ -147,6 +155,39 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
     assert z >= calib.table_z
     assert g.quality >= threshold - 1e-6
     assert grasp_in_workspace(g, calib, margin)
+
+
+def test_decode_neighbourhood_prefers_a_broad_peak_and_width_margin_opens(calib):
+    """neighbourhood_px scores a grasp by its worst neighbour: a lone spike loses to a
+    slightly lower plateau; width_margin widens the opening up to the gripper's limit."""
+    from perception.geometry import table_view
+
+    view = table_view(calib, (48, 48))
+    q = np.full((4, 48, 48), 0.1, np.float32)
+    q[1, 20, 30] = 0.99  # a spike
+    q[2, 10:15, 10:15] = 0.9  # a plateau
+    w = np.full((48, 48), 0.05, np.float32)
+    h = np.full((48, 48), 0.02, np.float32)
+    spike = decode_grasp(q, w, h, calib, view, 0.5)
+    assert spike.view_pixel == (30.0, 20.0) and spike.angle_bin == 1
+    robust = decode_grasp(q, w, h, calib, view, 0.5, neighbourhood_px=1, width_margin=0.02)
+    assert robust.angle_bin == 2 and 11 <= robust.view_pixel[0] <= 13 and 11 <= robust.view_pixel[1] <= 13
+    assert robust.grasp.quality == pytest.approx(0.9) and robust.grasp.width == pytest.approx(0.07)
+    wide = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08)
+    assert wide.grasp.width == pytest.approx(GRIPPER_MAX_WIDTH)
+
+
+def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, calib):
+    """metadata.json: decode is optional (old artifacts), validated, and read as given."""
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    meta.pop("decode", None)  # artifacts without options decode as before
+    (d / "metadata.json").write_text(json.dumps(meta))
+    assert load_metadata(d).decode == {"neighbourhood_px": 0, "width_margin": 0.0}
+    meta["decode"] = {"neighbourhood_px": 2, "width_margin": 0.03}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    assert load_metadata(d).decode == {"neighbourhood_px": 2, "width_margin": 0.03}
 
 
 def test_decode_is_fast(calib):

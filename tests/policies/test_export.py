@@ -49,6 +49,30 @@ def test_onnx_matches_torch(tmp_path, calib, view):
     assert onnx_torch_max_diff(net, art / "policy.onnx", img) < 1e-4
 
 
+def test_flip_average_is_mirror_equivariant_and_exports(tmp_path, calib, view):
+    """With flip_average the graph's maps of a mirrored image are the mirrored maps (angle
+    bins mirrored too), exactly; the exported ONNX carries it and agrees with torch."""
+    net = _net(A=6)
+    graph = ExportWrapper(net, flip_average=True).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        q, w, h = graph(x)
+        qm, wm, hm = graph(torch.flip(x, dims=[3]))
+    perm = torch.tensor([(-b) % 6 for b in range(6)])
+    torch.testing.assert_close(qm, torch.flip(q, dims=[3])[:, perm], atol=1e-6, rtol=0)
+    torch.testing.assert_close(wm, torch.flip(w, dims=[3]), atol=1e-7, rtol=0)
+    torch.testing.assert_close(hm, torch.flip(h, dims=[3]), atol=1e-7, rtol=0)
+    with torch.no_grad():
+        plain, _, _ = ExportWrapper(net)(x)
+    assert float((plain - q).abs().max()) > 1e-3  # it is not the plain graph
+    art = export_artifact(net, view, calib, {"flip_average": True, "decode": {"neighbourhood_px": 1}},
+                          tmp_path / "artifact")
+    img = np.random.default_rng(3).uniform(-1, 1, (2, 3, view.height, view.width)).astype(np.float32)
+    assert onnx_torch_max_diff(net, art / "policy.onnx", img, flip_average=True) < 1e-4
+    assert onnx_torch_max_diff(net, art / "policy.onnx", img, flip_average=False) > 1e-3
+    assert load_metadata(art).decode == {"neighbourhood_px": 1, "width_margin": 0.0}
+
+
 def test_metadata_is_what_the_service_reads(tmp_path, calib, view):
     art = export_artifact(_net(A=6), view, calib, {"quality_threshold": 0.4}, tmp_path / "artifact")
     meta = load_metadata(art)
