@@ -28,7 +28,6 @@ the raw sim frames. Whenever the distance improves the EMA generator is exported
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import time
@@ -46,7 +45,6 @@ from torch import nn
 from adaptation import metrics as M
 from adaptation.data import to_uint8
 from adaptation.networks import build, count_parameters
-from perception.atomic import atomic_write_text
 
 __all__ = ["CycleGANModule", "ImagePool", "masked_pmse", "content_mask", "lsgan_loss", "GENERATOR_FORMAT"]
 
@@ -567,14 +565,9 @@ class CycleGANModule(pl.LightningModule):
         d = Path(out_dir) if out_dir is not None else self.output_dir
         if d is None:
             return None
-        d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().clone() for k, v in self.G_sim2real_ema.state_dict().items()}
-        tmp = d / "generator.pt.tmp"
-        torch.save(state, tmp)
-        tmp.replace(d / "generator.pt")
-        meta = self.generator_metadata()
-        atomic_write_text(d / "generator.json", json.dumps(_jsonable(meta), indent=2) + "\n")
-        return d / "generator.pt"
+        from adaptation.translate import save_generator
+
+        return save_generator(self.G_sim2real_ema.state_dict(), _jsonable(self.generator_metadata()), d)
 
     # -------------------------------------------------------------- checkpoint extras
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from adaptation.networks import build
 
-__all__ = ["GeneratorError", "load_generator", "translate", "Translator", "main"]
+__all__ = ["GeneratorError", "load_generator", "save_generator", "generator_view", "translate", "Translator", "main"]
 
 
 class GeneratorError(ValueError):
@@ -82,6 +82,20 @@ def _read(path: str | Path) -> tuple[dict, dict]:
     except Exception as exc:
         raise GeneratorError(f"{p} is not a readable state_dict: {exc}") from exc
     return state, meta
+
+
+def save_generator(state: dict, meta: dict, out_dir: str | Path) -> Path:
+    """Write ``generator.pt`` (a plain state_dict, tensors on the CPU) and ``generator.json``
+    into ``out_dir``, each atomically; what :func:`load_generator` reads."""
+    from perception.atomic import atomic_write_text
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / "generator.pt.tmp"
+    torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, tmp)
+    tmp.replace(d / "generator.pt")
+    atomic_write_text(d / "generator.json", json.dumps(meta, indent=2, default=str) + "\n")
+    return d / "generator.pt"
 
 
 def _build(state: dict, meta: dict, device: torch.device | str) -> nn.Module:

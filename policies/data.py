@@ -668,9 +668,9 @@ def make_policy_datasets(
             if not isinstance(view, NetworkView):
                 spec = dict(view or {"kind": "camera"})
                 view = make_view(calib, tuple(int(v) for v in view_size), str(spec.pop("kind", "camera")), **spec)
-        elif not np.allclose(frames.calibration.T_base_camera, calib.T_base_camera) or not np.allclose(
-            frames.calibration.K, calib.K
-        ):
+        elif not np.allclose(frames.calibration.T_base_camera, calib.T_base_camera, rtol=0, atol=1e-6) or not np.allclose(
+            frames.calibration.K, calib.K, rtol=0, atol=1e-6
+        ):  # 1e-6: the same calibration written at another precision is the same camera
             raise ValueError(f"dataset {d} was rendered for another calibration than {dataset_dirs[0]}")
         tr, va = split_by_scene(frames, val_fraction, seed)
         kw = dict(view=view, angle_bins=angle_bins, translator=translator, targets=targets, cache=cache)

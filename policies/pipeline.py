@@ -188,6 +188,23 @@ def _run_pipeline(cfg: DictConfig) -> dict:
                                         "n_train_frames", "n_val_frames", "adapted")}
 
     policy_path, policy_res, policy_hash = stages.run("policy", p_payload, make_policy)
+
+    # -- task consistency (optional, after RL-CycleGAN): fine-tune the translator so that the
+    # policy's maps agree on sim frames and their translations, retranslate, fine-tune the policy.
+    tc = _plain(cfg.get("task_consistency")) or {}
+    consistency_res: dict | None = None
+    if tc.get("enabled") and translator is not None:
+        c_payload = {"task_consistency": tc, "policy": policy_hash, "adapt": adapt_hash, "sim": sim_hash, "seed": seed}
+
+        def make_consistency(d: Path) -> dict:
+            return task_consistency_stage(tc, p_cfg, cfg, str(sim_path), adapt_path, policy_res, d, seed)
+
+        _, consistency_res, policy_hash = stages.run("consistency", c_payload, make_consistency)
+        from adaptation.translate import Translator
+
+        translator = Translator(consistency_res["generator"])
+        policy_res = {**policy_res, **consistency_res["policy"], "task_consistency": consistency_res["finetune"]}
+
     artifact = out / "artifact"
     tmp = out / ".artifact.tmp"
     if tmp.exists():
@@ -230,10 +247,49 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "render": sim_res,
         "adapt": adapt_res,
         "policy": policy_res,
+        "task_consistency": consistency_res,
         "evaluation": eval_res,
     }
     write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=calib)
     return report
+
+
+def task_consistency_stage(
+    tc: dict, p_cfg: dict, cfg: DictConfig, sim_path: str, adapt_path: Path, policy_res: dict, d: Path, seed: int
+) -> dict:
+    """The pipeline's ``task_consistency`` stage, in ``d``.
+
+    1. :func:`policies.consistency.consistency_finetune` fine-tunes the adaptation stage's
+       generator against the frozen policy (trained on its translations) on the sim frames;
+       the result is saved as ``d/generator/`` (a generator folder like the adaptation's).
+    2. The policy is fine-tuned from its weights for ``policy_time_s`` on the frames the new
+       generator translates, and exported (``d/policy/artifact``).
+
+    Returns:
+        ``generator`` (folder), ``finetune`` (the fine-tuning's numbers) and ``policy``
+        (``artifact``, ``checkpoint``, ``metrics``, ``global_step``, ``train_time_s``).
+    """
+    from adaptation.translate import Translator, load_generator, save_generator
+    from perception.geometry import NetworkView
+    from policies.consistency import consistency_finetune
+    from policies.data import PolicyFrames
+    from policies.module import GraspPolicyModule
+    from policies.train import train_policy
+
+    generator = load_generator(adapt_path).requires_grad_(True)
+    policy = GraspPolicyModule.load_from_checkpoint(policy_res["checkpoint"], map_location="cpu")
+    frames = PolicyFrames(sim_path, view=NetworkView.from_dict(policy.hparams["view"]),
+                          angle_bins=int(policy.net.angle_bins), targets=p_cfg.get("targets"))
+    ft = consistency_finetune(generator, policy, frames, steps=int(tc["steps"]), lr=float(tc["lr"]),
+                              batch_size=int(tc["batch_size"]), anchor_weight=float(tc["anchor_weight"]),
+                              max_time_s=tc.get("max_time_s"))
+    gen_dir = save_generator(generator.state_dict(), {**generator.meta, "task_consistency": ft}, d / "generator").parent
+    p2 = {**p_cfg, "max_time_s": float(tc["policy_time_s"]), "max_steps": int(tc.get("policy_max_steps", 100000))}
+    summary = train_policy(OmegaConf.create({"policy": p2, "seed": seed, "logger": _plain(cfg.get("logger"))}),
+                           [sim_path], d / "policy", translator=Translator(str(gen_dir)), seed=seed,
+                           init_from=policy_res["checkpoint"])
+    return {"generator": str(gen_dir), "finetune": ft,
+            "policy": {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s")}}
 
 
 @hydra.main(config_path="pkg://conf", config_name="pipeline", version_base="1.3")

@@ -62,6 +62,7 @@ def train_policy(
     fast_dev_run: bool | int = False,
     seed: int | None = None,
     callbacks: Sequence[pl.Callback] = (),
+    init_from: str | Path | None = None,
 ) -> dict:
     """Train the policy with a Lightning ``Trainer``, save it, and export the artifact.
 
@@ -76,6 +77,8 @@ def train_policy(
         fast_dev_run: Lightning's smoke-test mode (one batch of each).
         seed: overrides ``cfg.seed`` (default 0).
         callbacks: extra Lightning callbacks.
+        init_from: a ``policy.ckpt`` whose network weights training starts from (a fresh
+            optimiser and schedule: fine-tuning, unlike ``resume``).
 
     Returns:
         ``checkpoint``, ``artifact`` (or ``None``), ``config``, ``metrics`` (final ``val/...``,
@@ -120,6 +123,9 @@ def train_policy(
         config={"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
                 "translator": None if translator is None else repr(translator)},
     )
+    if init_from is not None:
+        state = torch.load(str(init_from), map_location="cpu", weights_only=True)["state_dict"]
+        module.load_state_dict(state)
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 

@@ -1,0 +1,163 @@
+"""The whole mission at budget=tiny, run once by the contract's command line (a real
+subprocess), and the tests that reuse its output: the report, the artifact (onnxruntime
+against torch), the service answering from it, sim2real-eval on it, stage reuse, and the
+task-consistency option on top of the same stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout, env=env)
+    if res.returncode != 0:
+        pytest.fail(f"{' '.join(args)} exited {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n"
+                    f"--- stderr\n{res.stderr[-6000:]}")
+    return res
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> dict:
+    """``sim2real-pipeline calibration=FILE real_dir=DIR output_dir=DIR budget=tiny seed=N``,
+    exactly as the contract writes it, on a few stand-in real frames."""
+    from perception.calibration import default_calibration_path
+    from sim_render.api import export_real_frames, render_dataset
+
+    root = tmp_path_factory.mktemp("pipeline")
+    render_dataset(root / "target", n_scenes=8, profile="target", seed=3,
+                   overrides=["render.grasps.n_heuristic=0", "render.grasps.n_random=0",
+                              "render.resolution_scale=1.0"])
+    export_real_frames(root / "target", root / "real")
+    out = root / "out"
+    t0 = time.perf_counter()
+    res = _run("sim2real-pipeline", f"calibration={default_calibration_path()}", f"real_dir={root / 'real'}",
+               f"output_dir={out}", "budget=tiny", "seed=0")
+    return {"out": out, "real": root / "real", "wall_s": time.perf_counter() - t0, "stdout": res.stdout,
+            "report": json.loads((out / "report.json").read_text())}
+
+
+def test_pipeline_writes_the_report_and_artifact(tiny_run):
+    out, rep = tiny_run["out"], tiny_run["report"]
+    assert rep["budget"] == "tiny" and rep["adaptation"] == "cyclegan" and rep["real_dir"] == str(tiny_run["real"])
+    assert set(rep["stages"]) >= {"render", "adapt", "policy", "eval"}
+    assert "real" not in rep["stages"]  # a real_dir was given: no stand-in frames rendered
+    assert all(s["wall_s"] >= 0 and not s["reused"] for s in rep["stages"].values())
+    ev = rep["evaluation"]
+    assert set(ev["brackets"]) >= {"oracle", "random"}
+    for name in ("randomized", "canonical", "target", "target_b"):
+        r = ev["policy"][name]
+        assert 0 <= r["successes"] <= r["attempts"]
+        lo, hi = r["rate_ci95"]
+        assert 0.0 <= lo <= hi <= 1.0
+    for f in ("report.md", "report_success.png", "report_panels.png", "artifact/policy.onnx",
+              "artifact/metadata.json"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    md = (out / "report.md").read_text()
+    assert "randomized" in md and "oracle" in md
+
+
+def test_artifact_runs_without_torch_and_matches_torch(tiny_run):
+    """The artifact loads in a process where importing torch fails, and onnxruntime agrees
+    with the stage's torch checkpoint within 1e-4 on real frames."""
+    out = tiny_run["out"]
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from perception.artifact import PolicyRunner\n"
+            "from perception.testing import make_test_frame\n"
+            f"r = PolicyRunner({str(out / 'artifact')!r})\n"
+            "m = r.infer(make_test_frame(r.calib))\n"
+            "print(m.quality.shape, r.meta.view.kind, r.meta.decode)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "table" in res.stdout and "neighbourhood_px" in res.stdout
+
+    from policies.export import onnx_torch_max_diff
+    from policies.module import GraspPolicyModule
+
+    ckpt = Path(tiny_run["report"]["policy"]["checkpoint"])
+    module = GraspPolicyModule.load_from_checkpoint(ckpt, map_location="cpu")
+    flip = bool(module.hparams["config"]["policy"].get("flip_average", False))
+    from perception.artifact import PolicyRunner
+    from perception.testing import make_test_frame
+
+    runner = PolicyRunner(out / "artifact")
+    x = runner.to_input(runner.preprocess(make_test_frame(runner.calib)))
+    assert onnx_torch_max_diff(module.net, out / "artifact" / "policy.onnx", x, flip) < 1e-4
+
+
+def test_service_answers_from_the_pipeline_artifact(tiny_run):
+    """sim2real-serve on loopback with the contract's command line answers a frame."""
+    import httpx
+
+    from perception.calibration import Calibration, default_calibration_path
+    from perception.geometry import project_points
+    from perception.imageio import encode_image
+    from perception.testing import free_port, make_test_frame, wait_until_healthy
+
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([str(BIN / "sim2real-serve"), f"artifact={tiny_run['out'] / 'artifact'}",
+                             f"calibration={default_calibration_path()}", "host=127.0.0.1", f"port={port}",
+                             "token=null"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_healthy(url, proc, timeout=60)
+        calib = Calibration.load(default_calibration_path())
+        body = encode_image(make_test_frame(calib), "png")
+        r = httpx.post(url + "/v1/grasp", content=body, headers={"Content-Type": "image/png"}, timeout=30)
+        assert r.status_code == 200
+        ans = r.json()
+        assert set(ans) >= {"grasp", "pixel", "latency_ms", "reason"}
+        if ans["grasp"] is None:
+            assert ans["reason"] and ans["pixel"] is None
+        else:
+            g = ans["grasp"]
+            x, y, _ = g["position"]
+            assert calib.workspace_x[0] <= x <= calib.workspace_x[1] and calib.workspace_y[0] <= y <= calib.workspace_y[1]
+            np.testing.assert_allclose(ans["pixel"], project_points(np.array([g["position"]]), calib)[0], atol=1e-3)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_eval_cli_on_the_pipeline_artifact(tiny_run, tmp_path):
+    out = tmp_path / "eval.json"
+    _run("sim2real-eval", f"artifact={tiny_run['out'] / 'artifact'}", f"output={out}", "n_episodes=2", "seed=3",
+         "domains=[randomized]", "brackets=[]", timeout=200)
+    r = json.loads(out.read_text())["policy"]["randomized"]
+    assert r["attempts"] >= 0 and 0 <= r["successes"] <= r["attempts"]
+
+
+def test_rerun_reuses_every_stage_and_task_consistency_builds_on_them(tiny_run):
+    """The same command again reuses every stage; with task consistency on, only the new
+    stage (and what depends on it) runs, and the artifact comes from it."""
+    from perception.calibration import default_calibration_path
+
+    out = tiny_run["out"]
+    args = [f"calibration={default_calibration_path()}", f"real_dir={tiny_run['real']}", f"output_dir={out}",
+            "budget=tiny", "seed=0"]
+    _run("sim2real-pipeline", *args)
+    rep = json.loads((out / "report.json").read_text())
+    assert all(s["reused"] for s in rep["stages"].values()), rep["stages"]
+    _run("sim2real-pipeline", *args, "task_consistency.enabled=true", "task_consistency.steps=3",
+         "task_consistency.batch_size=2", "task_consistency.policy_time_s=3")
+    rep = json.loads((out / "report.json").read_text())
+    st = rep["stages"]
+    assert st["render"]["reused"] and st["adapt"]["reused"] and st["policy"]["reused"]
+    assert not st["consistency"]["reused"] and not st["eval"]["reused"]
+    tc = rep["task_consistency"]
+    assert tc["finetune"]["steps"] == 3 and np.isfinite(tc["finetune"]["disagreement_after"])
+    assert Path(tc["generator"], "generator.pt").is_file()
+    meta = json.loads((out / "artifact" / "metadata.json").read_text())
+    assert rep["policy"]["artifact"] == tc["policy"]["artifact"]
+    assert meta["training"]["global_step"] >= 1
