@@ -1,9 +1,9 @@
 """The one preprocessing function shared by training and serving.
 
-:func:`preprocess` undistorts, crops and resizes a raw RGB frame into the
-:class:`~perception.geometry.NetworkView` in a single ``cv2.remap``. Training
-applies it to sim and real frames before any augmentation; the service applies it
-to every request. :func:`to_network_input` then gives the float tensor layout.
+:func:`preprocess` undistorts, crops and resizes (camera view) or warps top-down (table
+view) a raw RGB frame into the :class:`~perception.geometry.NetworkView` in a single
+``cv2.remap``. Training applies it to sim and real frames before any augmentation; the
+service applies it to every request. :func:`to_network_input` then gives the float tensor layout.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.n
 
     Args:
         image: raw frame ``(H, W, 3)`` uint8 RGB (other layouts via :func:`ensure_rgb8`).
-        calib: the camera that took it (nominal calibration).
+        calib: the camera that took it (its calibration).
         view: the network's view.
 
     Returns:

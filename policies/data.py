@@ -1,12 +1,18 @@
 """Training frames for the grasp policy: rendered sim frames mapped into the network view,
 with dense grasp-map targets built from the physics-verified labels.
 
-Every frame goes through :func:`perception.preprocess.preprocess` with the **nominal**
-calibration, as at deployment (the renderer's camera jitter then models calibration
-error). Labels live in raw pixels of the jittered camera, i.e. on the image content, so
-they are mapped into the view with the same nominal calibration
-(:func:`perception.geometry.raw_to_view_pixels`), fingertips included, which gives the
-view-image angle and opening of each grasp.
+Two kinds of view (:class:`perception.geometry.NetworkView`):
+
+- ``table`` (the policy's default): every frame is warped top-down with the calibration of
+  the camera that rendered it (a calibrated camera, as at deployment); a view pixel is a
+  base-frame ``(x, y)``, so labels go in by their base position and yaw, and the dense
+  targets come from the depth rebuilt top-down (:func:`table_view_surface`);
+- ``camera``: every frame goes through :func:`perception.preprocess.preprocess` with the
+  **nominal** calibration (the renderer's camera jitter then models calibration error).
+  Labels live in raw pixels of the jittered camera, i.e. on the image content, so they
+  are mapped into the view with the same nominal calibration
+  (:func:`perception.geometry.raw_to_view_pixels`), fingertips included, which gives the
+  view-image angle and opening of each grasp.
 
 Targets of one frame (view ``H x W``, ``A`` angle bins, see :func:`build_targets`):
 
@@ -526,20 +532,7 @@ class PolicyFrames(Dataset):
             geometric = splat_view_labels(geometric_view_labels(gg, item["camera"], raw_calib, self.view), self.view,
                                           self.angle_bins)
             geometric = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in geometric.items()}
-        rec = {
-            "geometric": geometric,
-            "grasp_height": None if grasp_height is None else grasp_height.astype(np.float16),
-            "view_rgb": view_rgb,
-            "seg_view": seg_view,
-            "valid": valid,
-            "surface_z": surface.astype(np.float16),
-            "label_uv": uv.astype(np.float32),
-            "label_angle": np.asarray(angle, dtype=np.float32),
-            "label_success": np.asarray(g["success"], dtype=bool),
-            "label_width": np.asarray(g["width"], dtype=np.float32),
-            "label_z": np.asarray(g["position"], dtype=np.float32).reshape(-1, 3)[:, 2].copy(),
-            "scene": int(item["scene"]),
-        }
+        rec = _record(view_rgb, seg_view, valid, surface, uv, angle, g, item["scene"], geometric, grasp_height)
         if self.cache:
             self._cache[j] = rec
         return rec
@@ -565,20 +558,7 @@ class PolicyFrames(Dataset):
         pos = np.asarray(g["position"], dtype=np.float64).reshape(-1, 3)
         uv, angle, _ = base_grasp_to_view(pos, np.asarray(g["yaw"], dtype=np.float64).reshape(-1),
                                           np.asarray(g["width"], dtype=np.float64).reshape(-1), camera, self.view)
-        return {
-            "geometric": None,
-            "grasp_height": None,
-            "view_rgb": view_rgb,
-            "seg_view": top_label,
-            "valid": known,
-            "surface_z": surface.astype(np.float16),
-            "label_uv": uv.astype(np.float32),
-            "label_angle": np.asarray(angle, dtype=np.float32),
-            "label_success": np.asarray(g["success"], dtype=bool),
-            "label_width": np.asarray(g["width"], dtype=np.float32),
-            "label_z": pos[:, 2].astype(np.float32),
-            "scene": int(item["scene"]),
-        }
+        return _record(view_rgb, top_label, known, surface, uv, angle, g, item["scene"])
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         rec = self.compact(i)
@@ -596,6 +576,27 @@ class PolicyFrames(Dataset):
         out["view_rgb"] = torch.from_numpy(np.ascontiguousarray(view_rgb))
         out["index"] = torch.tensor(int(self.indices[i]))
         return out
+
+
+def _record(
+    view_rgb: np.ndarray, seg_view: np.ndarray, valid: np.ndarray, surface: np.ndarray, uv: np.ndarray,
+    angle: np.ndarray, grasps: dict, scene: Any, geometric: dict | None = None, grasp_height: np.ndarray | None = None,
+) -> dict:
+    """The compact cached record of one frame (heights kept as float16: ~0.1 mm here)."""
+    return {
+        "geometric": geometric,
+        "grasp_height": None if grasp_height is None else grasp_height.astype(np.float16),
+        "view_rgb": view_rgb,
+        "seg_view": seg_view,
+        "valid": valid,
+        "surface_z": surface.astype(np.float16),
+        "label_uv": np.asarray(uv, dtype=np.float32),
+        "label_angle": np.asarray(angle, dtype=np.float32),
+        "label_success": np.asarray(grasps["success"], dtype=bool),
+        "label_width": np.asarray(grasps["width"], dtype=np.float32),
+        "label_z": np.asarray(grasps["position"], dtype=np.float32).reshape(-1, 3)[:, 2].copy(),
+        "scene": int(scene),
+    }
 
 
 def split_by_scene(frames: Any, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

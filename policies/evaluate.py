@@ -204,6 +204,8 @@ class TorchPolicy:
     ) -> None:
         import torch
 
+        from policies.networks import ExportWrapper
+
         hp = getattr(module, "hparams", {}) or {}
         if view is None:
             if not hp.get("view"):
@@ -218,12 +220,10 @@ class TorchPolicy:
         self.angle_bins = int(self.net.angle_bins)
         self.threshold = float(threshold)
         self.workspace_margin = float(workspace_margin)
-        # The decode options the policy was trained with (as the artifact carries them).
+        # The decode options and the exported graph's forward (with its test-time mirror
+        # average when configured) the policy was trained with, as its artifact carries them.
         pcfg = (hp.get("config") or {}).get("policy", {})
         self.decode = dict(pcfg.get("decode") or {})
-        from policies.networks import ExportWrapper
-
-        # The exported graph's forward (with its test-time mirror average when configured).
         self.graph = ExportWrapper(self.net, bool(pcfg.get("flip_average", False))).to(device).eval()
         self.device = device
         self._torch = torch
