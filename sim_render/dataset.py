@@ -70,6 +70,7 @@ FORMAT_VERSION = 1
 #: ``grasp_source`` values.
 SOURCE_HEURISTIC = 0
 SOURCE_RANDOM = 1
+SOURCE_PERTURBED = 2
 
 #: ``seg`` labels: object ``i`` of a scene is ``SEG_FIRST_OBJECT + i``.
 SEG_BACKGROUND = 0

@@ -6,7 +6,11 @@ Candidates come from a top-down height map of the scene:
   section is narrowest; the fingers straddle that one part (most objects are wider
   than the 0.08 m opening along every axis, so the whole object rarely fits);
 - *random*: uniform positions and yaws in the workspace (negatives, and the odd
-  lucky success), so the labels are not only what the heuristic believes.
+  lucky success), so the labels are not only what the heuristic believes;
+- *perturbed*: a heuristic candidate turned by 30-90 degrees or moved by 1-2.5 cm (the
+  fingertip height follows the new point): near misses, the labels that say how sharply
+  success falls off around a good grasp, which heuristic candidates (mostly successes)
+  and random ones (mostly far from anything) do not.
 
 Each candidate is executed from the scene's saved physics state by the floating
 hand; success is what the physics engine says.
@@ -23,7 +27,9 @@ from perception.grasp import Grasp
 from sim_render.cell import Cell
 from sim_render.gripper import FINGER_HALF, FloatingHand, GraspTiming
 
-__all__ = ["Candidate", "heuristic_candidates", "random_candidates", "LabelledGrasp", "label_grasps"]
+__all__ = [
+    "Candidate", "heuristic_candidates", "random_candidates", "perturbed_candidates", "LabelledGrasp", "label_grasps",
+]
 
 #: How deep the fingertips go below the top of the part they close around, metres.
 GRASP_DEPTH = 0.025
@@ -38,7 +44,7 @@ PROFILE_STEP = 0.003
 @dataclass
 class Candidate:
     grasp: Grasp
-    source: int  # 0 heuristic, 1 random
+    source: int  # 0 heuristic, 1 random, 2 perturbed (sim_render.dataset.SOURCE_*)
 
 
 @dataclass
@@ -137,6 +143,34 @@ def random_candidates(cell: Cell, hmap: tuple, n: int, rng: np.random.Generator)
         tip_z = max(cal.table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
         out.append(Candidate(Grasp((xy[0], xy[1], tip_z), rng.uniform(-np.pi / 2, np.pi / 2),
                                    GRIPPER_MAX_WIDTH), 1))
+    return out
+
+
+def perturbed_candidates(
+    cell: Cell, hmap: tuple, base: list[Candidate], n: int, rng: np.random.Generator,
+    yaw_range: tuple[float, float] = (np.pi / 6, np.pi / 2), shift_range: tuple[float, float] = (0.01, 0.025),
+) -> list[Candidate]:
+    """Near misses around heuristic candidates: half turned by ``yaw_range`` radians (same
+    point and height), half moved by ``shift_range`` metres in a random direction (same yaw,
+    the labeller's height at the new point); the opening is kept."""
+    heur = [c for c in base if c.source == 0]
+    if not heur or n <= 0:
+        return []
+    table_z = cell.calib.table_z
+    out: list[Candidate] = []
+    for i in range(n):
+        g = heur[int(rng.integers(len(heur)))].grasp
+        x, y, z = g.position
+        if i % 2 == 0:
+            yaw = g.yaw + rng.choice([-1.0, 1.0]) * rng.uniform(*yaw_range)
+        else:
+            yaw = g.yaw
+            a = rng.uniform(-np.pi, np.pi)
+            d = rng.uniform(*shift_range)
+            x, y = x + d * np.cos(a), y + d * np.sin(a)
+            top = float(_sample_heights(hmap, np.array([[x, y]]))[0])
+            z = max(table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
+        out.append(Candidate(Grasp((x, y, z), float(yaw), g.width), 2))
     return out
 
 

@@ -26,7 +26,13 @@ from sim_render.dataset import (
     GraspLabels,
 )
 from sim_render.gripper import FloatingHand, GraspTiming
-from sim_render.labels import LabelledGrasp, heuristic_candidates, label_grasps, random_candidates
+from sim_render.labels import (
+    LabelledGrasp,
+    heuristic_candidates,
+    label_grasps,
+    perturbed_candidates,
+    random_candidates,
+)
 from sim_render.objects import object_urdfs
 
 __all__ = ["SceneRenderer", "render_size", "scene_streams", "project_labels"]
@@ -159,6 +165,8 @@ class SceneRenderer:
         hmap = cell.height_map()
         cands = heuristic_candidates(cell, hmap, cfg.grasps.n_heuristic, rngs["grasps"])
         cands += random_candidates(cell, hmap, cfg.grasps.n_random, rngs["grasps"])
+        # After the others, from the same stream: profiles without perturbed ones keep their labels.
+        cands += perturbed_candidates(cell, hmap, cands, int(cfg.grasps.n_perturbed), rngs["grasps"])
         return label_grasps(cell, st["hand"], cands, float(physics["gripper_force"]), st["timing"])
 
     # ---------------------------------------------------------------- visuals

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perception.calibration import Calibration, default_calibration_path
-from perception.frames import GRIPPER_MAX_WIDTH
+from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.grasp import Grasp
 from sim_render.cell import Cell
 from sim_render.gripper import FloatingHand, GraspTiming
@@ -78,3 +78,33 @@ def test_grasp_across_whole_wide_object_fails(scene):
     yaw = float(np.arctan2(major[1], major[0]))
     out = _run(cell, hand, state, Grasp((center[0], center[1], cell.calib.table_z + 0.005), yaw, GRIPPER_MAX_WIDTH))
     assert not out.success
+
+
+def test_perturbed_candidates_are_near_misses_of_heuristic_ones(scene):
+    """Half turned (same point and height), half moved 1-2.5 cm (same yaw, the labeller's
+    height at the new point), each derived from a heuristic candidate; turning a
+    successful bar grasp by 90 degrees (closing along the bar) fails in physics."""
+    from perception.grasp import normalize_angle
+    from sim_render.labels import GRASP_DEPTH, _sample_heights, perturbed_candidates
+
+    cell, hand, state = scene
+    cell.client.restoreState(stateId=state)
+    hmap = cell.height_map()
+    base = heuristic_candidates(cell, hmap, 12, np.random.default_rng(0))
+    out = perturbed_candidates(cell, hmap, base, 10, np.random.default_rng(1))
+    assert len(out) == 10 and all(c.source == 2 for c in out)
+    assert perturbed_candidates(cell, hmap, [], 10, np.random.default_rng(1)) == []
+    for i, c in enumerate(out):
+        g = c.grasp
+        dists = [np.hypot(g.position[0] - b.grasp.position[0], g.position[1] - b.grasp.position[1]) for b in base]
+        turns = [abs(normalize_angle(g.yaw - b.grasp.yaw)) for b in base]
+        if i % 2 == 0:  # turned: some base candidate at the same point, 30-90 degrees away
+            assert any(d < 1e-9 and np.pi / 6 - 1e-9 <= t <= np.pi / 2 + 1e-9 for d, t in zip(dists, turns))
+        else:  # moved: some base candidate 1-2.5 cm away with the same yaw
+            assert any(0.01 - 1e-9 <= d <= 0.025 + 1e-9 and t < 1e-9 for d, t in zip(dists, turns))
+            top = float(_sample_heights(hmap, np.array([g.position[:2]]))[0])
+            assert g.position[2] == pytest.approx(max(cell.calib.table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH))
+    # The near miss that matters most: a successful grasp across a bar, turned to close along it.
+    ok = next(c.grasp for c in base if _run(cell, hand, state, c.grasp).success)
+    along = Grasp(ok.position, ok.yaw + np.pi / 2, ok.width)
+    assert not _run(cell, hand, state, along).success
