@@ -206,7 +206,9 @@ class Translator:
         generator: a path for :func:`load_generator`, or a loaded generator.
         device: where to run; in DataLoader workers keep ``"cpu"``.
         p: probability of translating a frame (``1.0``: always; below 1 mixes raw sim frames in).
-        num_threads: torch threads set in the process on first use (``None`` leaves them).
+        num_threads: torch threads set in the process on first use (``None``, the default,
+            leaves them: the translator usually runs inside a trainer's process, whose
+            threads it must not take away; set 1 in DataLoader worker processes).
         resize: see :func:`translate`.
 
     Example::
@@ -221,7 +223,7 @@ class Translator:
         generator: str | Path | nn.Module,
         device: str = "cpu",
         p: float = 1.0,
-        num_threads: int | None = 1,
+        num_threads: int | None = None,
         resize: bool = True,
     ) -> None:
         if isinstance(generator, nn.Module):

@@ -104,3 +104,13 @@ def test_cli_writes_adapted_frames(gen_dir, adapt_dirs, tmp_path):
     files = sorted(out.glob("adapted_*.png"))
     assert files and cv2.imread(str(files[0])).shape == (96, 96, 3)
     assert json.loads((out / "translate.json").read_text())["frames"] == len(files)
+
+
+def test_translator_leaves_the_callers_threads_alone(gen_dir):
+    """A policy trainer translating its frames keeps all its threads (a translator that
+    set one thread process-wide slowed the adapted policy's training 1.6x); asked to, it sets them."""
+    torch.set_num_threads(2)
+    Translator(gen_dir)(_frames())
+    assert torch.get_num_threads() == 2
+    Translator(gen_dir, num_threads=1)(_frames())
+    assert torch.get_num_threads() == 1
