@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> dict:
     raw = rng.integers(0, 256, (runner.calib.height, runner.calib.width, 3), dtype=np.uint8)
     view_rgb = runner.preprocess(raw)
     x = runner.to_input(view_rgb)
-    wrapper = ExportWrapper(net).eval()
+    # The exported graph, as the artifact's training config built it (mirror average or not).
+    flip = bool(runner.meta.raw.get("training", {}).get("config", {}).get("flip_average", False))
+    wrapper = ExportWrapper(net, flip).eval()
     xt = torch.from_numpy(x)
 
     def torch_forward():
@@ -106,11 +108,13 @@ def main(argv: list[str] | None = None) -> dict:
     tq, tw, th = (t.numpy() for t in torch_forward())
     diff = max(float(np.abs(a - b).max()) for a, b in ((q, tq), (w, tw), (h, th)))
     pre_ms = _time(lambda: runner.preprocess(raw), args.n)
-    dec_ms = _time(lambda: decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, 0.0), args.n)
+    dec_ms = _time(lambda: decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, 0.0, **runner.meta.decode),
+                   args.n)
     result = {
         "input": [1, 3, H, W],
         "parameters": count_parameters(net),
         "threads": args.threads,
+        "flip_average": flip,
         "onnxruntime": _stats(ort_ms),
         "torch": _stats(torch_ms),
         "preprocess": _stats(pre_ms),
