@@ -224,7 +224,9 @@ def table_view(
 
 
 def make_view(calib: Calibration, size: tuple[int, int], kind: str = "camera", **kw: float) -> NetworkView:
-    """:func:`table_view` or :func:`network_view` by ``kind`` (``kw`` go to the chosen one)."""
+    """:func:`table_view` or :func:`network_view` by ``kind``; ``kw``: ``margin`` (both kinds),
+    ``plane_height`` (the table view's; a camera view has no plane and ignores it, so one
+    view spec serves either kind)."""
     if kind == "table":
         return table_view(calib, size, **kw)
     if kind == "camera":

@@ -71,18 +71,37 @@ def _cached_maps(K: bytes, dist: bytes, Kv: bytes, size: tuple[int, int]) -> tup
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_table_maps(calib_json: str, view_json: str) -> tuple[np.ndarray, np.ndarray]:
-    import json
-
-    from perception.geometry import view_to_raw_pixels
-
-    calib = Calibration.from_dict(json.loads(calib_json), check_view=False)
-    view = NetworkView.from_dict(json.loads(view_json))
-    W, H = view.size
+def _cached_table_maps(
+    K: bytes, dist: bytes, T_camera_base: bytes, Kv: bytes, size: tuple[int, int], plane_z: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Raw pixels of a table view's plane points (``cv2.projectPoints``) and the median raw
+    step between neighbouring view pixels (for the anti-alias blur)."""
+    W, H = size
     vv, uu = np.mgrid[0:H, 0:W]
-    raw = view_to_raw_pixels(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view)
+    A = np.frombuffer(Kv, dtype=np.float64).reshape(3, 3)
+    uv = np.stack([uu.ravel(), vv.ravel()], axis=1).astype(np.float64)
+    xy = (uv - A[:2, 2]) @ np.linalg.inv(A[:2, :2]).T
+    pts = np.concatenate([xy, np.full((len(xy), 1), plane_z)], axis=1)
+    T = np.frombuffer(T_camera_base, dtype=np.float64).reshape(4, 4)
+    rvec, _ = cv2.Rodrigues(T[:3, :3])
+    raw, _ = cv2.projectPoints(pts, rvec, T[:3, 3], np.frombuffer(K, dtype=np.float64).reshape(3, 3),
+                               np.frombuffer(dist, dtype=np.float64))
     m = raw.reshape(H, W, 2).astype(np.float32)
-    return np.ascontiguousarray(m[..., 0]), np.ascontiguousarray(m[..., 1])
+    m1, m2 = np.ascontiguousarray(m[..., 0]), np.ascontiguousarray(m[..., 1])
+    step = np.hypot(np.diff(m1, axis=1), np.diff(m2, axis=1))
+    return m1, m2, float(np.median(step)) if step.size else 1.0
+
+
+def _table_maps(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray, float]:
+    # A table view depends on the camera's pose too: the key holds it.
+    return _cached_table_maps(
+        np.asarray(raw_calib.K, dtype=np.float64).tobytes(),
+        np.asarray(raw_calib.dist, dtype=np.float64).tobytes(),
+        np.asarray(raw_calib.T_camera_base, dtype=np.float64).tobytes(),
+        np.asarray(view.K, dtype=np.float64).tobytes(),
+        (int(view.size[0]), int(view.size[1])),
+        float(view.plane_z),
+    )
 
 
 def view_maps(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray]:
@@ -96,22 +115,13 @@ def view_maps(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np
         ``map_x``, ``map_y``: ``(view.height, view.width)`` float32, for ``cv2.remap``.
     """
     if view.is_table:
-        import json
-
-        # The table view depends on the camera's pose too: key on the whole calibration.
-        return _cached_table_maps(json.dumps(raw_calib.to_dict(), sort_keys=True), json.dumps(view.to_dict()))
+        return _table_maps(raw_calib, view)[:2]
     return _cached_maps(
         np.asarray(raw_calib.K, dtype=np.float64).tobytes(),
         np.asarray(raw_calib.dist, dtype=np.float64).tobytes(),
         np.asarray(view.K, dtype=np.float64).tobytes(),
         (int(view.size[0]), int(view.size[1])),
     )
-
-
-def _sampling_step(m1: np.ndarray, m2: np.ndarray) -> float:
-    """Raw pixels between neighbouring view pixels (median), to size the anti-alias blur."""
-    du = np.hypot(np.diff(m1, axis=1), np.diff(m2, axis=1))
-    return float(np.median(du)) if du.size else 1.0
 
 
 def _raw_calibration(shape: tuple[int, ...], calib: Calibration) -> Calibration:
@@ -161,9 +171,12 @@ def preprocess(image: np.ndarray, calib: Calibration, view: NetworkView) -> np.n
     """
     img = ensure_rgb8(image)
     cal = _raw_calibration(img.shape, calib)
-    m1, m2 = view_maps(cal, view)
+    if view.is_table:
+        m1, m2, scale = _table_maps(cal, view)
+    else:
+        m1, m2 = view_maps(cal, view)
+        scale = cal.K[0, 0] / view.K[0, 0]
     # Area-like quality when shrinking a lot: blur a little first so remap does not alias.
-    scale = _sampling_step(m1, m2) if view.is_table else cal.K[0, 0] / view.K[0, 0]
     if scale > 2.0:
         k = int(2 * round(scale / 2) + 1)
         img = cv2.GaussianBlur(img, (k, k), 0)

@@ -495,17 +495,22 @@ class PolicyFrames(Dataset):
         if rec is not None:
             return rec
         item = self.frames[j]
+        rec = self._compact_table(item) if self.view.is_table else self._compact_camera(item, j)
+        if self.cache:
+            self._cache[j] = rec
+        return rec
+
+    def _translate(self, view_rgb: np.ndarray) -> np.ndarray:
+        if self.translator is None:
+            return view_rgb
+        return np.asarray(self.translator(view_rgb[None]), dtype=np.uint8)[0]
+
+    def _compact_camera(self, item: dict, j: int) -> dict:
+        """:meth:`compact` for a camera (``kind="camera"``) view: the nominal calibration."""
         rgb = np.asarray(item["rgb"])
         h, w = rgb.shape[:2]
-        if self.view.is_table:
-            rec = self._compact_table(item, rgb)
-            if self.cache:
-                self._cache[j] = rec
-            return rec
         raw_calib = self.calibration.scaled((w, h))
-        view_rgb = preprocess(rgb, self.calibration, self.view)
-        if self.translator is not None:
-            view_rgb = np.asarray(self.translator(view_rgb[None]), dtype=np.uint8)[0]
+        view_rgb = self._translate(preprocess(rgb, self.calibration, self.view))
         mx, my, valid = view_grids(raw_calib, self.view)
         seg_view = _nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
         surface = surface_height_view(item["depth"], item["camera"], raw_calib, self.view)
@@ -532,12 +537,9 @@ class PolicyFrames(Dataset):
             geometric = splat_view_labels(geometric_view_labels(gg, item["camera"], raw_calib, self.view), self.view,
                                           self.angle_bins)
             geometric = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in geometric.items()}
-        rec = _record(view_rgb, seg_view, valid, surface, uv, angle, g, item["scene"], geometric, grasp_height)
-        if self.cache:
-            self._cache[j] = rec
-        return rec
+        return _record(view_rgb, seg_view, valid, surface, uv, angle, g, item["scene"], geometric, grasp_height)
 
-    def _compact_table(self, item: dict, rgb: np.ndarray) -> dict:
+    def _compact_table(self, item: dict) -> dict:
         """:meth:`compact` for a top-down (``kind="table"``) view.
 
         The frame is warped with the calibration of the camera that took it, as a user's
@@ -549,9 +551,7 @@ class PolicyFrames(Dataset):
         if float(self.targets["geometric_weight"]) > 0:
             raise ValueError("targets.geometric_weight > 0 needs a camera view (policy.view.kind=camera)")
         camera: Calibration = item["camera"]
-        view_rgb = preprocess(rgb, camera, self.view)
-        if self.translator is not None:
-            view_rgb = np.asarray(self.translator(view_rgb[None]), dtype=np.uint8)[0]
+        view_rgb = self._translate(preprocess(np.asarray(item["rgb"]), camera, self.view))
         surface, top_label, known = table_view_surface(np.asarray(item["depth"]), np.asarray(item["seg"]), camera,
                                                        self.view)
         g = item["grasps"]

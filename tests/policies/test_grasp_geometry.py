@@ -112,3 +112,11 @@ def test_table_view_warp_puts_a_table_point_on_its_pixel(calib):
     vv, uu = np.mgrid[0 : out.shape[0], 0 : out.shape[1]]
     centroid = np.array([(uu * out).sum(), (vv * out).sum()]) / out.sum()
     np.testing.assert_allclose(centroid, base_to_view_pixels(pt, calib, view)[0], atol=0.5)
+    # The cached remap maps are the plane points' projections (cv2.projectPoints).
+    from perception.geometry import view_to_raw_pixels
+    from perception.preprocess import view_maps
+
+    m1, m2 = view_maps(calib, view)
+    vv, uu = np.mgrid[0:96, 0:96]
+    ref = view_to_raw_pixels(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view)
+    np.testing.assert_allclose(np.stack([m1.ravel(), m2.ravel()], axis=1), ref, atol=1e-3)
