@@ -193,6 +193,8 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     # policy's maps agree on sim frames and their translations, retranslate, fine-tune the policy.
     tc = _plain(cfg.get("task_consistency")) or {}
     consistency_res: dict | None = None
+    if tc.get("enabled") and translator is None:
+        log.warning("task_consistency.enabled is ignored with adaptation=none: there is no translator to fine-tune")
     if tc.get("enabled") and translator is not None:
         c_payload = {"task_consistency": tc, "policy": policy_hash, "adapt": adapt_hash, "sim": sim_hash, "seed": seed}
 
@@ -284,7 +286,7 @@ def task_consistency_stage(
                               batch_size=int(tc["batch_size"]), anchor_weight=float(tc["anchor_weight"]),
                               max_time_s=tc.get("max_time_s"))
     gen_dir = save_generator(generator.state_dict(), {**generator.meta, "task_consistency": ft}, d / "generator").parent
-    p2 = {**p_cfg, "max_time_s": float(tc["policy_time_s"]), "max_steps": int(tc.get("policy_max_steps", 100000))}
+    p2 = {**p_cfg, "max_time_s": float(tc["policy_time_s"])}
     summary = train_policy(OmegaConf.create({"policy": p2, "seed": seed, "logger": _plain(cfg.get("logger"))}),
                            [sim_path], d / "policy", translator=Translator(str(gen_dir)), seed=seed,
                            init_from=policy_res["checkpoint"])
