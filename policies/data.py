@@ -156,29 +156,13 @@ def table_view_surface(
         ``(H, W)`` uint8 segmentation label of that highest point, ``known`` ``(H, W)`` bool.
     """
     from perception.geometry import base_to_view_pixels
+    from policies.geometric import depth_points, top_down_max
 
     W, H = view.size
-    h, w = depth.shape
-    vv, uu = np.mgrid[0:h, 0:w]
-    ok = (depth > 0) & np.isfinite(depth)
-    rays = raw_pixels_to_rays(np.stack([uu[ok], vv[ok]], axis=1), camera)
-    pts = transform_points(camera.T_base_camera, rays * depth[ok].astype(np.float64)[:, None])
+    pts, lab = depth_points(np.asarray(depth), seg, camera)
     uv = np.rint(base_to_view_pixels(pts, camera, view)).astype(np.int64)
     inside = (uv[:, 0] >= 0) & (uv[:, 0] < W) & (uv[:, 1] >= 0) & (uv[:, 1] < H)
-    iu, iv, z, lab = uv[inside, 0], uv[inside, 1], pts[inside, 2], np.asarray(seg)[ok][inside]
-    height = np.full((H, W), -np.inf)
-    np.maximum.at(height, (iv, iu), z)
-    order = np.argsort(z, kind="stable")  # the last (highest) write wins
-    top = np.zeros((H, W), dtype=np.uint8)
-    top[iv[order], iu[order]] = lab[order]
-    k3 = np.ones((3, 3), np.uint8)
-    for _ in range(int(fill_iterations)):
-        known = np.isfinite(height)
-        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), k3)
-        lab_grown = cv2.dilate(np.where(known, top, 0).astype(np.uint8), k3)
-        fill = ~known & (grown > -1e8)
-        height[fill] = grown[fill]
-        top[fill] = lab_grown[fill]
+    height, top = top_down_max(uv[inside, 0], uv[inside, 1], pts[inside, 2], lab[inside], (H, W), fill_iterations)
     known = np.isfinite(height)
     return np.where(known, height, np.nan).astype(np.float32), top, known
 

@@ -32,12 +32,67 @@ from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_po
 from perception.geometry import NetworkView, project_points, raw_pixels_to_rays, raw_to_view_pixels
 from perception.grasp import angle_to_bin, normalize_angle
 
-__all__ = ["height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels", "ray_grasp_heights"]
+__all__ = [
+    "depth_points", "top_down_max", "height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels",
+    "ray_grasp_heights",
+]
 
 #: Margin of the grid around the workspace, metres (the bin walls are in it).
 GRID_MARGIN = 0.06
 #: Height above the fingertips that counts as "in the way", metres (the labeller's 3 mm).
 ABOVE_TIPS = 0.003
+
+
+def depth_points(depth: np.ndarray, seg: np.ndarray, camera: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """The depth frame's pixels as base-frame points ``(N, 3)`` and their labels ``(N,)``.
+
+    Args:
+        depth: ``(h, w)`` metres along the camera's ``z`` (0 = nothing).
+        seg: ``(h, w)`` segmentation labels.
+        camera: the camera that took the frame, at ``(w, h)``.
+    """
+    h, w = depth.shape
+    vv, uu = np.mgrid[0:h, 0:w]
+    ok = (depth > 0) & np.isfinite(depth)
+    rays = raw_pixels_to_rays(np.stack([uu[ok], vv[ok]], axis=1), camera)
+    pts = transform_points(camera.T_base_camera, rays * depth[ok].astype(np.float64)[:, None])
+    return pts, np.asarray(seg)[ok]
+
+
+def top_down_max(
+    ix: np.ndarray, iy: np.ndarray, z: np.ndarray, labels: np.ndarray, shape: tuple[int, int],
+    fill_iterations: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bin points into a top-down grid, keeping each cell's highest point.
+
+    Args:
+        ix, iy: ``(N,)`` integer cell indices (inside ``shape``); ``z`` their heights;
+            ``labels`` their segmentation labels.
+        shape: ``(ny, nx)``.
+        fill_iterations: unseen cells next to seen ones take their highest neighbour's height
+            this many times (closes the gaps between pixel footprints).
+
+    Returns:
+        ``height`` ``(ny, nx)`` (``-inf`` where nothing was seen) and ``top_label``
+        ``(ny, nx)`` uint8, the label of each cell's highest point.
+    """
+    height = np.full(shape, -np.inf)
+    np.maximum.at(height, (iy, ix), z)
+    # The label of each cell's highest point: write in increasing height, the last write wins.
+    order = np.argsort(z, kind="stable")
+    top_label = np.zeros(shape, dtype=np.uint8)
+    top_label[iy[order], ix[order]] = labels[order]
+    # Fill sampling gaps (cells between the footprints of neighbouring pixels) with the
+    # highest neighbour; larger unseen areas (behind objects) stay unknown.
+    k3 = np.ones((3, 3), np.uint8)
+    for _ in range(int(fill_iterations)):
+        known = np.isfinite(height)
+        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), k3)
+        lab_grown = cv2.dilate(np.where(known, top_label, 0).astype(np.uint8), k3)
+        fill = ~known & (grown > -1e8)
+        height[fill] = grown[fill]
+        top_label[fill] = lab_grown[fill]
+    return height, top_label
 
 
 def height_grid(
@@ -50,8 +105,7 @@ def height_grid(
         seg: ``(h, w)`` segmentation labels (objects are ``>= 3``).
         camera: the camera that took the frame, at ``(w, h)``.
         resolution: cell size, metres.
-        fill_iterations: unseen cells next to seen ones take their highest neighbour's height
-            this many times (closes the gaps between pixel footprints).
+        fill_iterations: see :func:`top_down_max`.
 
     Returns:
         ``xs (nx,)``, ``ys (ny,)`` cell centres; ``height (ny, nx)`` the highest point seen
@@ -61,30 +115,12 @@ def height_grid(
     (x0, x1), (y0, y1) = camera.workspace_x, camera.workspace_y
     xs = np.arange(x0 - GRID_MARGIN + resolution / 2, x1 + GRID_MARGIN, resolution)
     ys = np.arange(y0 - GRID_MARGIN + resolution / 2, y1 + GRID_MARGIN, resolution)
-    h, w = depth.shape
-    vv, uu = np.mgrid[0:h, 0:w]
-    ok = (depth > 0) & np.isfinite(depth)
-    rays = raw_pixels_to_rays(np.stack([uu[ok], vv[ok]], axis=1), camera)
-    pts = transform_points(camera.T_base_camera, rays * depth[ok].astype(np.float64)[:, None])
+    pts, lab = depth_points(depth, seg, camera)
     ix = np.floor((pts[:, 0] - xs[0] + resolution / 2) / resolution).astype(np.int64)
     iy = np.floor((pts[:, 1] - ys[0] + resolution / 2) / resolution).astype(np.int64)
     inside = (ix >= 0) & (ix < len(xs)) & (iy >= 0) & (iy < len(ys))
-    ix, iy, z, lab = ix[inside], iy[inside], pts[inside, 2], seg[ok][inside]
-    height = np.full((len(ys), len(xs)), -np.inf)
-    np.maximum.at(height, (iy, ix), z)
-    # The label of each cell's highest point: write in increasing height, the last write wins.
-    order = np.argsort(z, kind="stable")
-    top_label = np.zeros(height.shape, dtype=np.int16)
-    top_label[iy[order], ix[order]] = lab[order]
-    # Fill sampling gaps (cells between the footprints of neighbouring pixels) with the
-    # highest neighbour; larger unseen areas (behind objects) stay unknown.
-    for _ in range(int(fill_iterations)):
-        known = np.isfinite(height)
-        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), np.ones((3, 3), np.uint8))
-        lab_grown = cv2.dilate(np.where(known, top_label, 0).astype(np.uint8), np.ones((3, 3), np.uint8))
-        fill = ~known & (grown > -1e8)
-        height[fill] = grown[fill]
-        top_label[fill] = lab_grown[fill]
+    height, top_label = top_down_max(ix[inside], iy[inside], pts[inside, 2], lab[inside], (len(ys), len(xs)),
+                                     fill_iterations)
     known = np.isfinite(height)
     return xs, ys, height, known, known & (top_label >= 3)
 

@@ -25,6 +25,7 @@ import numpy as np
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.grasp import Grasp
 from sim_render.cell import Cell
+from sim_render.dataset import SOURCE_HEURISTIC, SOURCE_PERTURBED, SOURCE_RANDOM
 from sim_render.gripper import FINGER_HALF, FloatingHand, GraspTiming
 
 __all__ = [
@@ -44,7 +45,7 @@ PROFILE_STEP = 0.003
 @dataclass
 class Candidate:
     grasp: Grasp
-    source: int  # 0 heuristic, 1 random, 2 perturbed (sim_render.dataset.SOURCE_*)
+    source: int  # SOURCE_HEURISTIC, SOURCE_RANDOM or SOURCE_PERTURBED (sim_render.dataset)
 
 
 @dataclass
@@ -129,7 +130,7 @@ def heuristic_candidates(cell: Cell, hmap: tuple, n: int, rng: np.random.Generat
             continue
         _, k, c_off, width = best
         xy = center + c_off * dirs[k]
-        out.append(Candidate(Grasp((xy[0], xy[1], tip_z), float(yaws[k]), float(width)), 0))
+        out.append(Candidate(Grasp((xy[0], xy[1], tip_z), float(yaws[k]), float(width)), SOURCE_HEURISTIC))
     return out
 
 
@@ -142,7 +143,7 @@ def random_candidates(cell: Cell, hmap: tuple, n: int, rng: np.random.Generator)
         top = float(_sample_heights(hmap, xy[None])[0])
         tip_z = max(cal.table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
         out.append(Candidate(Grasp((xy[0], xy[1], tip_z), rng.uniform(-np.pi / 2, np.pi / 2),
-                                   GRIPPER_MAX_WIDTH), 1))
+                                   GRIPPER_MAX_WIDTH), SOURCE_RANDOM))
     return out
 
 
@@ -153,7 +154,7 @@ def perturbed_candidates(
     """Near misses around heuristic candidates: half turned by ``yaw_range`` radians (same
     point and height), half moved by ``shift_range`` metres in a random direction (same yaw,
     the labeller's height at the new point); the opening is kept."""
-    heur = [c for c in base if c.source == 0]
+    heur = [c for c in base if c.source == SOURCE_HEURISTIC]
     if not heur or n <= 0:
         return []
     table_z = cell.calib.table_z
@@ -170,7 +171,7 @@ def perturbed_candidates(
             x, y = x + d * np.cos(a), y + d * np.sin(a)
             top = float(_sample_heights(hmap, np.array([[x, y]]))[0])
             z = max(table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
-        out.append(Candidate(Grasp((x, y, z), float(yaw), g.width), 2))
+        out.append(Candidate(Grasp((x, y, z), float(yaw), g.width), SOURCE_PERTURBED))
     return out
 
 
