@@ -104,12 +104,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     ort_ms = _time(lambda: runner.forward(x), args.n)
     torch_ms = _time(torch_forward, args.n)
-    q, w, h = runner.forward(x)
-    tq, tw, th = (t.numpy() for t in torch_forward())
-    diff = max(float(np.abs(a - b).max()) for a, b in ((q, tq), (w, tw), (h, th)))
+    onnx_out = runner.forward(x)
+    torch_out = [t.numpy() for t in torch_forward()]
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(onnx_out, torch_out))
+    q, w, h, *surface = onnx_out
+    surface_map = surface[0][0, 0] if surface else None
     pre_ms = _time(lambda: runner.preprocess(raw), args.n)
-    dec_ms = _time(lambda: decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, 0.0, **runner.meta.decode),
-                   args.n)
+    dec_ms = _time(lambda: decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, 0.0, surface=surface_map,
+                                        **runner.meta.decode), args.n)
     result = {
         "input": [1, 3, H, W],
         "parameters": count_parameters(net),

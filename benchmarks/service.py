@@ -105,10 +105,11 @@ def run(args: argparse.Namespace) -> dict:
         view = runner.preprocess(rgb)
         stages["preprocess"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        q, w, h = runner.forward(runner.to_input(view))
+        q, w, h, *surface = runner.forward(runner.to_input(view))
         stages["forward"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold)
+        decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
+                     surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
         stages["grasp_decode"].append(time.perf_counter() - t)
     del runner
 

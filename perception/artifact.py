@@ -11,15 +11,19 @@ Metadata (``format_version`` 1)::
     {"format": "sim2real-grasp-policy", "format_version": 1, "onnx": "policy.onnx",
      "input": {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
                "size": [W, H], "mean": [3], "std": [3]},
-     "outputs": {"quality": "quality", "width": "width", "height": "height"},
+     "outputs": {"quality": "quality", "width": "width", "height": "height",
+                 "surface": "surface"},                        (surface optional)
      "angle_bins": A, "quality_threshold": 0.5,
-     "decode": {"neighbourhood_px": 1, "width_margin": 0.08},   (optional; absent: 0, 0)
+     "decode": {"neighbourhood_px": 1, "width_margin": 0.08,   (optional; absent: 0, 0)
+                "rule": {...}},                                (optional; needs surface)
      "view": NetworkView.to_dict(), "calibration": {contract calibration},
      "training": {...}, "code_version": "..."}
 
 ONNX outputs: ``quality`` ``(N, A, H, W)`` success probability per image-plane angle bin
 (:func:`perception.grasp.angle_bin_centers`), ``width`` ``(N, 1, H, W)`` opening in metres,
-``height`` ``(N, 1, H, W)`` fingertip height above ``table_z`` in metres.
+``height`` ``(N, 1, H, W)`` fingertip height above ``table_z`` in metres, and (artifacts
+that carry it) ``surface`` ``(N, 1, H, W)`` the surface seen from above, metres above
+``table_z``, which the decode's grasp rule (``decode.rule``, :mod:`perception.rule`) runs on.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import numpy as np
 from perception.calibration import Calibration, CalibrationError
 from perception.geometry import NetworkView
 from perception.preprocess import preprocess, to_network_input
+from perception.rule import DEFAULT_RULE
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -77,11 +82,12 @@ class ArtifactMetadata:
         input_name: ONNX input name.
         input_size: ``(W, H)`` of the network input (equals ``view.size``).
         mean, std: per-channel RGB normalisation of ``x / 255``.
-        outputs: ``{"quality": name, "width": name, "height": name}`` ONNX output names.
+        outputs: ``{"quality": name, "width": name, "height": name}`` ONNX output names,
+            and ``"surface"`` when the graph has it.
         angle_bins: number of image-plane angle bins ``A``.
         quality_threshold: default decision threshold.
         decode: keyword options of :func:`perception.decode.decode_grasp` the policy was
-            tuned with (``neighbourhood_px``, ``width_margin``).
+            tuned with (``neighbourhood_px``, ``width_margin``, ``rule``).
         view: the network's :class:`~perception.geometry.NetworkView`.
         calibration: the calibration the policy was trained for.
         raw: the whole JSON document.
@@ -128,7 +134,7 @@ def _decode_options(d: Any) -> dict:
     """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
     if not isinstance(d, dict):
         raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin"}
+    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule"}
     if unknown:
         raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
     try:
@@ -137,6 +143,20 @@ def _decode_options(d: Any) -> dict:
         raise ArtifactError(f"artifact metadata field 'decode' must hold numbers: {exc}") from exc
     if out["neighbourhood_px"] < 0 or not 0.0 <= out["width_margin"] <= 1.0:
         raise ArtifactError("artifact metadata field 'decode': neighbourhood_px must be >= 0, width_margin in [0, 1] m")
+    rule = d.get("rule")
+    if rule is not None:
+        if not isinstance(rule, dict):
+            raise ArtifactError("artifact metadata field 'decode.rule' must be an object or null")
+        unknown = set(rule) - set(DEFAULT_RULE)
+        if unknown:
+            raise ArtifactError(f"artifact metadata field 'decode.rule' has unknown keys {sorted(unknown)}")
+        try:
+            rule = {k: type(DEFAULT_RULE[k])(v) for k, v in rule.items()}
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"artifact metadata field 'decode.rule' must hold numbers: {exc}") from exc
+        if not all(math.isfinite(v) and v >= 0 for v in rule.values()):
+            raise ArtifactError("artifact metadata field 'decode.rule' must hold finite numbers >= 0")
+        out["rule"] = rule
     return out
 
 
@@ -198,7 +218,9 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
 
     outs = _req(raw, "outputs")
     outputs = {}
-    for key in ("quality", "width", "height"):
+    for key in ("quality", "width", "height", "surface"):
+        if key == "surface" and isinstance(outs, dict) and key not in outs:
+            continue  # artifacts before the surface map
         val = _req(outs, key, "outputs")
         if not isinstance(val, str) or not val:
             raise ArtifactError(f"field 'outputs.{key}' must be an ONNX output name")
@@ -221,6 +243,8 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raise ArtifactError("field 'view.K' must be a finite 3x3 matrix")
     if tuple(view.size) != (w, h):
         raise ArtifactError(f"field 'view.size' {list(view.size)} differs from 'input.size' {[w, h]}")
+    if "rule" in decode and ("surface" not in outputs or not view.is_table):
+        raise ArtifactError("field 'decode.rule' needs a 'surface' output and a top-down view (view.kind 'table')")
     try:
         calib = Calibration.from_dict(_req(raw, "calibration"), check_view=False)
     except CalibrationError as exc:
@@ -294,14 +318,16 @@ def check_calibration(meta: ArtifactMetadata, calib: Calibration) -> list[str]:
 class PolicyMaps:
     """The policy's output for one frame (batch dimension removed).
 
-    Shapes: ``quality (A, H, W)``, ``width (H, W)`` metres, ``height (H, W)`` metres.
-    ``view_rgb`` is the network's input image ``(H, W, 3)`` uint8 (for debugging).
+    Shapes: ``quality (A, H, W)``, ``width (H, W)`` metres, ``height (H, W)`` metres,
+    ``surface (H, W)`` metres (``None`` for artifacts without it). ``view_rgb`` is the
+    network's input image ``(H, W, 3)`` uint8 (for debugging).
     """
 
     quality: np.ndarray
     width: np.ndarray
     height: np.ndarray
     view_rgb: np.ndarray | None = None
+    surface: np.ndarray | None = None
 
 
 def default_providers() -> list[str]:
@@ -369,7 +395,8 @@ class PolicyRunner:
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ArtifactError(f"cannot load ONNX model {self.meta.onnx_path}: {exc}") from exc
         self._check_graph()
-        self._out_names = [self.meta.outputs[k] for k in ("quality", "width", "height")]
+        self._out_names = [self.meta.outputs[k] for k in ("quality", "width", "height", "surface")
+                           if k in self.meta.outputs]
 
     # ------------------------------------------------------------------ checks
     def _check_graph(self) -> None:
@@ -397,10 +424,10 @@ class PolicyRunner:
         """``(H, W, 3)`` or ``(N, H, W, 3)`` uint8 view images -> ``(N, 3, H, W)`` float32."""
         return to_network_input(view_rgb, self.meta.mean, self.meta.std)
 
-    def forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Raw ONNX forward pass: ``(N, 3, H, W)`` -> ``quality (N,A,H,W), width, height (N,1,H,W)``."""
-        q, w, h = self.session.run(self._out_names, {self.meta.input_name: x})
-        return q, w, h
+    def forward(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Raw ONNX forward pass: ``(N, 3, H, W)`` -> ``quality (N,A,H,W), width, height (N,1,H,W)``
+        and ``surface (N,1,H,W)`` when the artifact has it."""
+        return tuple(self.session.run(self._out_names, {self.meta.input_name: x}))
 
     def preprocess(self, raw_rgb: np.ndarray) -> np.ndarray:
         """Raw frame -> the network's view image ``(H, W, 3)`` uint8 (see :func:`preprocess`)."""
@@ -417,14 +444,15 @@ class PolicyRunner:
 
     def infer_view(self, view_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
         """Run the policy on an already preprocessed view image ``(H, W, 3)`` uint8."""
-        q, w, h = self.forward(self.to_input(view_rgb))
+        q, w, h, *rest = self.forward(self.to_input(view_rgb))
         A, (W, H) = self.meta.angle_bins, self.meta.input_size
-        if q.shape[1:] != (A, H, W) or w.shape[1:] != (1, H, W) or h.shape[1:] != (1, H, W):
+        if q.shape[1:] != (A, H, W) or any(m.shape[1:] != (1, H, W) for m in (w, h, *rest)):
             raise ArtifactError(
-                f"ONNX outputs have shapes {q.shape}, {w.shape}, {h.shape}; expected "
+                f"ONNX outputs have shapes {[m.shape for m in (q, w, h, *rest)]}; expected "
                 f"(1, {A}, {H}, {W}) and (1, 1, {H}, {W})"
             )
-        return PolicyMaps(quality=q[0], width=w[0, 0], height=h[0, 0], view_rgb=view_rgb if keep_view else None)
+        return PolicyMaps(quality=q[0], width=w[0, 0], height=h[0, 0], view_rgb=view_rgb if keep_view else None,
+                          surface=rest[0][0, 0] if rest else None)
 
 
 def cpu_count() -> int:

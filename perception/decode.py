@@ -20,6 +20,7 @@ from perception.calibration import Calibration
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.geometry import NetworkView, project_points, view_pixels_to_base
 from perception.grasp import Grasp, angle_bin_centers, view_grasp_to_base
+from perception.rule import DEFAULT_RULE, fitting_grasps, object_cells, support_score
 
 __all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
 
@@ -85,6 +86,8 @@ def decode_grasp(
     workspace_margin: float = 0.0,
     neighbourhood_px: int = 0,
     width_margin: float = 0.0,
+    surface: np.ndarray | None = None,
+    rule: dict | None = None,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -104,6 +107,13 @@ def decode_grasp(
         width_margin: metres added to the predicted opening (clipped to the gripper's
             0.08 m): the descent is guarded, and an opening a little wide rarely hurts
             while one a little narrow lands a finger on the part.
+        surface: ``(H, W)`` predicted surface above ``table_z``, metres (needed by ``rule``).
+        rule: options of the grasp rule (:data:`perception.rule.DEFAULT_RULE`; ``None``:
+            off; table views only). Only grasps that fit the predicted surface
+            (:func:`perception.rule.fitting_grasps`) are candidates; each scores
+            ``support * quality ** quality_power`` (:func:`perception.rule.support_score`),
+            ``threshold`` applies to that score, and the grasp takes the rule's fingertip
+            height and opening (plus ``width_margin``).
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
@@ -135,9 +145,14 @@ def decode_grasp(
                       borderType=cv2.BORDER_CONSTANT, borderValue=float("inf"))
             for plane in q
         ])
+    rule_width = None
+    if rule is not None:
+        q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
     abin = q.argmax(axis=0)
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
+    if rule_width is not None:
+        valid &= qbest > 0  # grasps that do not fit score 0
     idx = np.flatnonzero(valid)
     if idx.size == 0:
         best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
@@ -170,7 +185,8 @@ def decode_grasp(
     a = int(abin[v, u])
     angle = float(angle_bin_centers(A)[a])
     pos, yaw, _ = view_grasp_to_base(uv[k : k + 1], np.array([angle]), np.array([_YAW_SEGMENT_PX]), z[k : k + 1], calib, view)
-    w_m = float(np.clip(wmap[v, u] + float(width_margin), 0.0, GRIPPER_MAX_WIDTH))
+    opening = wmap[v, u] if rule_width is None else rule_width[a, v, u]
+    w_m = float(np.clip(opening + float(width_margin), 0.0, GRIPPER_MAX_WIDTH))
     grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=w_m, quality=float(qbest[v, u]))
     if not grasp_in_workspace(grasp, calib, m):  # defensive: the same numbers were checked above
         return _none("the best grasp failed the final workspace check")
@@ -183,3 +199,35 @@ def decode_grasp(
         angle_bin=a,
         view_angle=angle,
     )
+
+
+def _apply_rule(
+    q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``."""
+    opt = {**DEFAULT_RULE, **dict(rule)}
+    unknown = set(opt) - set(DEFAULT_RULE)
+    if unknown:
+        raise ValueError(f"unknown grasp rule options {sorted(unknown)}; known: {sorted(DEFAULT_RULE)}")
+    if not view.is_table:
+        raise ValueError("the grasp rule needs a top-down view (view kind 'table'); this view is a camera view")
+    if surface is None:
+        raise ValueError("the grasp rule needs the predicted surface map (the policy has no 'surface' output)")
+    s = np.asarray(surface, dtype=np.float32)
+    A, H, W = q.shape
+    if s.shape != (H, W):
+        raise ValueError(f"surface must be (H, W) = {(H, W)}, got {s.shape}")
+    px_m = 1.0 / float(np.linalg.norm(view.K[0, :2]))
+    # Parts are looked for inside the workspace, clear of the bin walls at its edge.
+    vv, uu = np.mgrid[0:H, 0:W]
+    xy = view_pixels_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view, calib.table_z)
+    m = float(opt["region_margin"])
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    region = ((xy[:, 0] >= x0 + m) & (xy[:, 0] <= x1 - m) & (xy[:, 1] >= y0 + m) & (xy[:, 1] <= y1 - m)).reshape(H, W)
+    parts = object_cells(s, region, float(opt["object_height"]), int(opt["min_object_px"]))
+    fits, width, tip, _ = fitting_grasps(s, px_m, A, parts)
+    score = support_score(fits, int(opt["support_px"]), float(opt["bin_weight"]))
+    power = float(opt["quality_power"])
+    if power != 0.0:
+        score = score * np.power(np.clip(q, 0.0, 1.0), power)
+    return np.where(np.isfinite(q), score, -np.inf).astype(np.float32), width, tip

@@ -26,6 +26,10 @@ import numpy as np
 GRIPPER_MAX_WIDTH = 0.08
 #: Finger length of the gripper, metres.
 GRIPPER_FINGER_LENGTH = 0.05
+#: Half the thickness of one finger along the closing direction, metres.
+GRIPPER_FINGER_HALF_THICKNESS = 0.009
+#: Half the depth of one finger across the closing direction, metres.
+GRIPPER_FINGER_HALF_DEPTH = 0.011
 #: Minimum fingertip height above the table, metres (contract section 3).
 MIN_TIP_CLEARANCE = 0.005
 #: Height of the lift after closing, metres.

@@ -194,7 +194,8 @@ class GraspLoop:
         t0 = time.perf_counter()
         maps = self.runner.infer(frame.image)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                           self.threshold, self.cfg.workspace_margin, **self.runner.meta.decode)
+                           self.threshold, self.cfg.workspace_margin, surface=maps.surface,
+                           **self.runner.meta.decode)
         latency_ms = 1000.0 * (time.perf_counter() - t0)
         entry: dict[str, Any] = {
             "time": time.time(),

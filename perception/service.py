@@ -130,7 +130,7 @@ class GraspService:
         rgb = decode_image(body, expected_size=self.calib.image_size)
         maps = self.runner.infer(rgb)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                           self.threshold, self.margin, **self.meta.decode)
+                           self.threshold, self.margin, surface=maps.surface, **self.meta.decode)
         if dec.grasp is not None and not grasp_in_workspace(dec.grasp, self.calib, self.margin):
             dec = DecodedGrasp(None, None, None, "grasp refused by the workspace safety check")
         return _Result(dec, rgb if keep_rgb else None)

@@ -10,7 +10,7 @@ generator ``G`` so that
 
 is small, where ``x`` are sim view images, ``policy(x)`` is detached (the target), ``task``
 is the mean squared difference of the grasp-quality probabilities plus the L1 difference
-of height and width in centimetres, and ``G0`` is a frozen copy of the generator before
+of height, surface and width in centimetres, and ``G0`` is a frozen copy of the generator before
 fine-tuning (the anchor keeps the adversarially learned appearance: the discriminator is
 not part of this cheap step). It is optional and cheap: a few hundred steps on 2 CPU cores.
 
@@ -41,7 +41,8 @@ def task_disagreement(policy: GraspNet, a: torch.Tensor, b: torch.Tensor, detach
     """How much the policy's maps on ``a`` and ``b`` differ (both ``(N, 3, H, W)`` in [-1, 1]).
 
     Returns:
-        ``mean (q_a - q_b)^2 + mean |h_a - h_b| + mean |w_a - w_b|`` (heights and widths in cm).
+        ``mean (q_a - q_b)^2 + mean |h_a - h_b| + mean |s_a - s_b| + mean |w_a - w_b|`` (heights,
+        surfaces and widths in cm).
     """
     ctx = torch.no_grad() if detach_a else torch.enable_grad()
     with ctx:
@@ -51,6 +52,7 @@ def task_disagreement(policy: GraspNet, a: torch.Tensor, b: torch.Tensor, detach
     return (
         (qa - qb).pow(2).mean()
         + 100.0 * (oa["height"] - ob["height"]).abs().mean()
+        + 100.0 * (oa["surface"] - ob["surface"]).abs().mean()
         + 100.0 * (oa["width"] - ob["width"]).abs().mean()
     )
 

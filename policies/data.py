@@ -23,8 +23,10 @@ Targets of one frame (view ``H x W``, ``A`` angle bins, see :func:`build_targets
   negatives for every bin (weighted by the module's ``dense_negative_weight``);
 - ``height_target``/``height_weight`` ``(H, W)``: fingertip height above the table, metres:
   dense from the depth image (surface height minus the labeller's
-  :data:`sim_render.labels.GRASP_DEPTH`, at least the table clearance), and the labelled
+  :data:`perception.rule.GRASP_DEPTH`, at least the table clearance), and the labelled
   grasp's own ``z`` on the label disks (weight ``label_height_weight``);
+- ``surface_target``/``surface_weight`` ``(H, W)``: the surface seen there, metres above the
+  table (the decode's grasp rule runs on the predicted one), weighted like the heights;
 - ``width_target``/``width_mask`` ``(H, W)``: the opening in metres of successful labels.
 
 An optional ``translator`` (a callable ``(N, H, W, 3) uint8 -> (N, H, W, 3) uint8`` on view
@@ -51,6 +53,7 @@ from perception.frames import MIN_TIP_CLEARANCE, transform_points
 from perception.geometry import NetworkView, make_view, network_view, raw_pixels_to_rays, raw_to_view_pixels
 from perception.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
 from perception.preprocess import preprocess, to_network_input, view_maps
+from perception.rule import GRASP_DEPTH
 
 __all__ = [
     "DEFAULT_AUGMENT",
@@ -243,10 +246,9 @@ def build_targets(
     Returns:
         ``quality_target``, ``quality_weight`` ``(A, H, W)`` float32; ``dense_negative``,
         ``width_mask``, ``object_mask`` ``(H, W)`` bool; ``width_target``, ``height_target``,
-        ``height_weight`` ``(H, W)`` float32.
+        ``height_weight``, ``surface_target`` (the surface above the table, metres),
+        ``surface_weight`` ``(H, W)`` float32.
     """
-    from sim_render.labels import GRASP_DEPTH
-
     opt = {**DEFAULT_TARGETS, **(dict(targets) if targets else {})}
     H, W = seg_view.shape
     A = int(angle_bins)
@@ -265,6 +267,11 @@ def build_targets(
     height_target = height_target.astype(np.float32)
     height_weight = known.astype(np.float32)
     height_weight[object_mask & known] = float(opt["object_height_weight"])
+    # The surface itself (what the decode's grasp rule runs on), weighted like the heights.
+    seen = np.isfinite(surface_z) & valid
+    surface_target = np.where(seen, np.maximum(np.nan_to_num(surface_z) - table_z, 0.0), 0.0).astype(np.float32)
+    surface_weight = seen.astype(np.float32)
+    surface_weight[object_mask & seen] = float(opt["object_height_weight"])
 
     q_sum = np.zeros((A, H, W), dtype=np.float32)
     q_cnt = np.zeros((A, H, W), dtype=np.float32)
@@ -346,6 +353,8 @@ def build_targets(
         "width_mask": width_mask,
         "height_target": height_target,
         "height_weight": height_weight,
+        "surface_target": surface_target,
+        "surface_weight": surface_weight,
         "object_mask": object_mask,
     }
 

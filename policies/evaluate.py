@@ -175,7 +175,7 @@ class OnnxPolicy:
             maps = self.runner.infer_view(preprocess(raw_rgb, calib, self.runner.view))
         return decode_grasp(
             maps.quality, maps.width, maps.height, calib, self.runner.view, self.threshold,
-            workspace_margin=self.workspace_margin, **self.runner.meta.decode,
+            workspace_margin=self.workspace_margin, surface=maps.surface, **self.runner.meta.decode,
         )
 
 
@@ -231,23 +231,23 @@ class TorchPolicy:
 
     def maps(
         self, raw_rgb: np.ndarray, calibration: Calibration | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``quality (A, H, W)``, ``width (H, W)``, ``height (H, W)`` of one raw frame."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``quality (A, H, W)``, ``width (H, W)``, ``height (H, W)``, ``surface (H, W)`` of one raw frame."""
         from perception.preprocess import preprocess, to_network_input
 
         torch = self._torch
         calib = self.calibration if calibration is None else calibration
         x = torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, self.view))).to(self.device)
         with torch.no_grad():
-            q, w, h = self.graph(x)
-        return q[0].cpu().numpy(), w[0, 0].cpu().numpy(), h[0, 0].cpu().numpy()
+            q, w, h, s = self.graph(x)
+        return q[0].cpu().numpy(), w[0, 0].cpu().numpy(), h[0, 0].cpu().numpy(), s[0, 0].cpu().numpy()
 
     def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
         """Grasp for one raw frame; ``calibration`` overrides the policy's for this frame."""
         calib = self.calibration if calibration is None else calibration
-        q, w, h = self.maps(raw_rgb, calib)
+        q, w, h, s = self.maps(raw_rgb, calib)
         return decode_grasp(q, w, h, calib, self.view, self.threshold, workspace_margin=self.workspace_margin,
-                            **self.decode)
+                            surface=s, **self.decode)
 
 
 class OraclePolicy:

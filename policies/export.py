@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 ONNX_FILE = "policy.onnx"
 OPSET = 18
+#: The graph's outputs, in ExportWrapper's order (perception.artifact.PolicyRunner reads them by name).
+OUTPUT_NAMES = ("quality", "width", "height", "surface")
 
 
 class ExportError(RuntimeError):
@@ -84,7 +86,7 @@ def export_onnx(net: GraspNet, path: Path, size: tuple[int, int], flip_average: 
     w, h = size
     wrapper = ExportWrapper(net, flip_average).eval().cpu()
     x = torch.zeros(2, 3, h, w)
-    names = {"input_names": ["image"], "output_names": ["quality", "width", "height"]}
+    names = {"input_names": ["image"], "output_names": list(OUTPUT_NAMES)}
     errors = []
     with _Quiet("onnxscript", "onnx_ir", "torch.onnx", "torch.export"):
         try:
@@ -100,7 +102,7 @@ def export_onnx(net: GraspNet, path: Path, size: tuple[int, int], flip_average: 
         try:
             torch.onnx.export(
                 wrapper, (x,), str(path), dynamo=False, opset_version=17,
-                dynamic_axes={"image": {0: "N"}, "quality": {0: "N"}, "width": {0: "N"}, "height": {0: "N"}},
+                dynamic_axes={k: {0: "N"} for k in ("image", *OUTPUT_NAMES)},
                 **names,
             )
         except Exception as exc:
@@ -133,7 +135,7 @@ def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray, flip_aver
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
-    got = sess.run(["quality", "width", "height"], {"image": x.astype(np.float32)})
+    got = sess.run(list(OUTPUT_NAMES), {"image": x.astype(np.float32)})
     with torch.no_grad():
         want = ExportWrapper(net, flip_average).eval().cpu()(torch.from_numpy(x.astype(np.float32)))
     return max(float(np.max(np.abs(g - w.numpy()))) for g, w in zip(got, want))
@@ -209,7 +211,7 @@ def export_artifact(
                 "mean": list(IMAGE_MEAN),
                 "std": list(IMAGE_STD),
             },
-            "outputs": {"quality": "quality", "width": "width", "height": "height"},
+            "outputs": {k: k for k in OUTPUT_NAMES},
             "angle_bins": int(net.angle_bins),
             "quality_threshold": threshold,
             "decode": dict(cfgd.get("decode") or {}),

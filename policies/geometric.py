@@ -22,8 +22,6 @@ pseudo-labels (weighted below the physics labels, which override them):
 
 from __future__ import annotations
 
-import functools
-
 import cv2
 import numpy as np
 
@@ -31,6 +29,7 @@ from perception.calibration import Calibration
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_points
 from perception.geometry import NetworkView, project_points, raw_pixels_to_rays, raw_to_view_pixels
 from perception.grasp import angle_to_bin, normalize_angle
+from perception.rule import ABOVE_TIPS, GRASP_DEPTH, fitting_grasps
 
 __all__ = [
     "depth_points", "top_down_max", "height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels",
@@ -39,8 +38,6 @@ __all__ = [
 
 #: Margin of the grid around the workspace, metres (the bin walls are in it).
 GRID_MARGIN = 0.06
-#: Height above the fingertips that counts as "in the way", metres (the labeller's 3 mm).
-ABOVE_TIPS = 0.003
 
 
 def depth_points(depth: np.ndarray, seg: np.ndarray, camera: Calibration) -> tuple[np.ndarray, np.ndarray]:
@@ -125,27 +122,6 @@ def height_grid(
     return xs, ys, height, known, known & (top_label >= 3)
 
 
-@functools.lru_cache(maxsize=8)
-def _offset_table(n_yaws: int, resolution: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Integer cell offsets of the profile samples: ``(yaw, lane, offset)`` and the offsets in metres."""
-    from sim_render.gripper import FINGER_HALF
-
-    half_span = GRIPPER_MAX_WIDTH / 2 + 2 * FINGER_HALF[0] + 0.01
-    n = int(np.ceil(half_span / resolution))
-    offsets = np.arange(-n, n + 1) * resolution
-    yaws = np.arange(n_yaws) * np.pi / n_yaws
-    dirs = np.stack([np.cos(yaws), np.sin(yaws)], axis=1)
-    normals = np.stack([-dirs[:, 1], dirs[:, 0]], axis=1)
-    lanes = np.array([-FINGER_HALF[1], 0.0, FINGER_HALF[1]])
-    pts = (
-        offsets[None, None, :, None] * dirs[:, None, None, :]
-        + lanes[None, :, None, None] * normals[:, None, None, :]
-    )  # (yaw, lane, offset, 2)
-    dx = np.rint(pts[..., 0] / resolution).astype(np.int64)
-    dy = np.rint(pts[..., 1] / resolution).astype(np.int64)
-    return dx, dy, offsets, yaws
-
-
 def geometric_grasps(
     xs: np.ndarray,
     ys: np.ndarray,
@@ -156,9 +132,9 @@ def geometric_grasps(
     n_yaws: int = 12,
     max_cells: int | None = None,
     rng: np.random.Generator | None = None,
-    all_lanes: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The labeller's rule, for a grasp centred on every object cell at every yaw.
+    """The labeller's rule (:func:`perception.rule.fitting_grasps`) for a grasp centred on
+    every object cell at every yaw.
 
     Unseen cells (the camera's shadow behind a part) count as free; a verdict that rests
     on one is flagged uncertain.
@@ -166,61 +142,34 @@ def geometric_grasps(
     Returns:
         ``position (K, 3)`` grasp centres at the fingertip height, ``yaw (K,)``, ``width
         (K,)`` the symmetric opening (metres), ``success (K,)`` bool, ``certain (K,)`` bool,
-        for the ``K`` (object cell, yaw) pairs.
+        for the ``K`` (object cell, yaw) pairs whose cell stands above the fingertips.
     """
-    from sim_render.gripper import FINGER_HALF
-    from sim_render.labels import GRASP_DEPTH, WIDTH_MARGIN
-
     res = float(xs[1] - xs[0])
-    dx, dy, offsets, yaws = _offset_table(int(n_yaws), round(res, 6))
     cells = np.argwhere(is_object)
     if max_cells is not None and len(cells) > max_cells:
         cells = cells[(rng or np.random.default_rng(0)).choice(len(cells), max_cells, replace=False)]
-    empty = {"position": np.zeros((0, 3)), "yaw": np.zeros(0), "width": np.zeros(0), "success": np.zeros(0, bool),
-             "certain": np.zeros(0, bool)}
     if len(cells) == 0:
-        return empty
-    cy, cx = cells[:, 0], cells[:, 1]
-    top = height[cy, cx]
-    tip = np.maximum(table_z + MIN_TIP_CLEARANCE, top - GRASP_DEPTH)
-    ny, nx = height.shape
-    sy = cy[:, None, None, None] + dy[None]
-    sx = cx[:, None, None, None] + dx[None]  # (cell, yaw, lane, offset)
-    in_grid = (sy >= 0) & (sy < ny) & (sx >= 0) & (sx < nx)
-    sy, sx = np.clip(sy, 0, ny - 1), np.clip(sx, 0, nx - 1)
-    h = height[sy, sx]
-    seen = known[sy, sx] | ~in_grid  # outside the grid: the table far from the bin
-    h = np.where(in_grid & seen, h, table_z)  # unseen cells count as free (mostly the shadow behind a part)
-    above = h > tip[:, None, None, None] + ABOVE_TIPS
-    prof = above[:, :, 1]  # (cell, yaw, offset), the middle lane
-    mid = prof.shape[-1] // 2
-    # The run of "above" samples through the centre: how far it extends each way.
-    left = prof[..., :mid][..., ::-1]
-    right = prof[..., mid + 1 :]
-    n_left = np.where(left.all(-1), left.shape[-1], left.argmin(-1))
-    n_right = np.where(right.all(-1), right.shape[-1], right.argmin(-1))
-    centre_up = prof[..., mid]
-    step = float(offsets[1] - offsets[0])
-    width = 2 * (np.maximum(n_left, n_right) * step + step / 2 + WIDTH_MARGIN)
-    fits = width <= GRIPPER_MAX_WIDTH
-    idx = np.arange(prof.shape[-1]) - mid
-    reach = width / 2 + 2 * FINGER_HALF[0]
-    in_reach = np.abs(offsets)[None, None, :] <= reach[..., None]
-    landing = in_reach & ((idx[None, None, :] < -n_left[..., None]) | (idx[None, None, :] > n_right[..., None]))
-    lanes_checked = slice(0, 3) if all_lanes else slice(1, 2)
-    land_blocked = (above[:, :, lanes_checked].any(axis=2) & landing).any(-1)
-    # Verdicts that rest on unseen cells (under the opening) are less certain.
-    unseen = (~seen.all(axis=2) & in_reach).any(-1)
-    positive = centre_up & fits & ~land_blocked
-    keep = centre_up
-    ci, ki = np.nonzero(keep)
-    pos = np.stack([xs[cx[ci]], ys[cy[ci]], tip[ci]], axis=1)
+        return {"position": np.zeros((0, 3)), "yaw": np.zeros(0), "width": np.zeros(0), "success": np.zeros(0, bool),
+                "certain": np.zeros(0, bool)}
+    known = np.asarray(known, dtype=bool)
+    surface = np.where(known, np.asarray(height, dtype=np.float64) - table_z, 0.0)  # unseen: free
+    parts = np.zeros(surface.shape, dtype=bool)
+    parts[cells[:, 0], cells[:, 1]] = True
+    # The grid's axes are x (columns) and y (rows): an angle in its pixels is a yaw.
+    fits, width, tip, unseen = fitting_grasps(surface, res, int(n_yaws), parts, known)
+    keep = surface[cells[:, 0], cells[:, 1]] > tip[cells[:, 0], cells[:, 1]] + ABOVE_TIPS
+    cy, cx = cells[keep, 0], cells[keep, 1]
+    K = int(n_yaws)
+    ci = np.repeat(np.arange(len(cy)), K)
+    ki = np.tile(np.arange(K), len(cy))
+    yaws = np.arange(K) * np.pi / K
+    pos = np.stack([xs[cx[ci]], ys[cy[ci]], table_z + tip[cy[ci], cx[ci]].astype(np.float64)], axis=1)
     return {
         "position": pos,
         "yaw": normalize_angle(yaws[ki]),
-        "width": np.minimum(width[ci, ki], GRIPPER_MAX_WIDTH),
-        "success": positive[ci, ki],
-        "certain": ~unseen[ci, ki],
+        "width": np.minimum(width[ki, cy[ci], cx[ci]], GRIPPER_MAX_WIDTH).astype(np.float64),
+        "success": fits[ki, cy[ci], cx[ci]],
+        "certain": ~unseen[ki, cy[ci], cx[ci]],
     }
 
 
@@ -329,7 +278,6 @@ def ray_grasp_heights(
         ``(H, W)`` fingertip heights above ``table_z`` (NaN outside the raw frame).
     """
     from perception.geometry import raw_pixels_to_rays
-    from sim_render.labels import GRASP_DEPTH
 
     xs, ys, height, known, _ = grid
     res = float(xs[1] - xs[0])

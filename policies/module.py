@@ -12,11 +12,13 @@ Losses (see ``conf/policy/default.yaml`` ``loss``):
   is free to call every object pixel good at every angle, and the decode's arg-max picks
   one of them at random);
 - height: weighted smooth-L1 (metres, ``beta=0.01``) against the dense height target;
+- surface: the same against the surface seen from above (the decode's grasp rule runs on it);
 - width: smooth-L1 on the pixels of successful labels.
 
-Metrics: ``train/loss``, ``train/quality_loss``, ``train/height_loss``, ``train/width_loss``;
+Metrics: ``train/loss``, ``train/quality_loss``, ``train/height_loss``, ``train/surface_loss``,
+``train/width_loss``;
 ``val/...`` the same plus ``val/label_acc`` (labelled entries classified at 0.5),
-``val/label_pos_recall``, ``val/label_precision``, ``val/height_mae_m`` (object pixels),
+``val/label_pos_recall``, ``val/label_precision``, ``val/height_mae_m`` and ``val/surface_mae_m`` (object pixels),
 ``val/width_mae_m`` and ``val/top1_on_object`` (fraction of frames whose best
 (pixel, bin) lies on an object).
 """
@@ -42,6 +44,7 @@ DEFAULT_LOSS: dict[str, float] = {
     "dense_negative_weight": 0.5,
     "object_negative_weight": 0.5,  # unlabelled (pixel, bin) entries on objects: weak negatives
     "height_weight": 20.0,  # metres are small: 20 x smooth-L1(beta 1 cm) ~ the BCE scale
+    "surface_weight": 20.0,  # the surface map the decode's grasp rule runs on, like the heights
     "width_weight": 20.0,
     # Height-aware quality: a labelled success counts as exp(-(height error / sigma)^2) of a
     # success, the error being the network's own (detached) at that pixel, from step
@@ -72,7 +75,7 @@ def grasp_losses(
         step: the global step (for ``height_trust_after``); ``None`` applies the trust.
 
     Returns:
-        ``loss``, ``quality_loss``, ``height_loss``, ``width_loss`` (scalars).
+        ``loss``, ``quality_loss``, ``height_loss``, ``surface_loss``, ``width_loss`` (scalars).
     """
     c = {**DEFAULT_LOSS, **loss_cfg}
     logits = out["quality_logits"]
@@ -99,12 +102,16 @@ def grasp_losses(
     hw = batch["height_weight"]
     h_err = F.smooth_l1_loss(out["height"][:, 0], batch["height_target"], reduction="none", beta=0.01)
     height_loss = (hw * h_err).sum() / hw.sum().clamp_min(1.0)
+    sw = batch["surface_weight"]
+    s_err = F.smooth_l1_loss(out["surface"][:, 0], batch["surface_target"], reduction="none", beta=0.01)
+    surface_loss = (sw * s_err).sum() / sw.sum().clamp_min(1.0)
     wm = batch["width_mask"].float()
     w_err = F.smooth_l1_loss(out["width"][:, 0], batch["width_target"], reduction="none", beta=0.01)
     width_loss = (wm * w_err).sum() / wm.sum().clamp_min(1.0)
     loss = (
         float(c["quality_weight"]) * quality_loss
         + float(c["height_weight"]) * height_loss
+        + float(c["surface_weight"]) * surface_loss
         + float(c["width_weight"]) * width_loss
     )
     return {
@@ -114,6 +121,7 @@ def grasp_losses(
         "dense_loss": dense_loss,
         "object_loss": object_loss,
         "height_loss": height_loss,
+        "surface_loss": surface_loss,
         "width_loss": width_loss,
     }
 
@@ -237,6 +245,9 @@ def grasp_metrics(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) 
     h_err = (out["height"][:, 0] - batch["height_target"]).abs()
     hmask = obj & (batch["height_weight"] > 0)
     metrics["height_mae_m"] = (h_err * hmask).sum() / hmask.sum().clamp_min(1)
+    smask = obj & (batch["surface_weight"] > 0)
+    s_err = (out["surface"][:, 0] - batch["surface_target"]).abs()
+    metrics["surface_mae_m"] = (s_err * smask).sum() / smask.sum().clamp_min(1)
     wm = batch["width_mask"]
     metrics["width_mae_m"] = ((out["width"][:, 0] - batch["width_target"]).abs() * wm).sum() / wm.sum().clamp_min(1)
     N, A, H, W = prob.shape

@@ -8,12 +8,15 @@
   here, at this angle, succeeds";
 - ``width`` ``(N, 1, H, W)``: the opening, metres, in ``[0, GRIPPER_MAX_WIDTH]``;
 - ``height`` ``(N, 1, H, W)``: the fingertip height above ``table_z``, metres, in
-  ``[0, HEIGHT_MAX]``.
+  ``[0, HEIGHT_MAX]``;
+- ``surface`` ``(N, 1, H, W)``: the top of whatever stands at the pixel (the bin's contents
+  seen from above), metres above ``table_z``, in ``[0, HEIGHT_MAX]``: what the grasp rule
+  of :mod:`perception.rule` runs on in the decode.
 
-Width and height are bounded by a sigmoid, so the exported graph cannot produce an
+Width and heights are bounded by a sigmoid, so the exported graph cannot produce an
 opening the gripper lacks or a height far above the bin. :class:`ExportWrapper` applies
 the sigmoid to the quality logits for the ONNX artifact (outputs ``quality``, ``width``,
-``height``; input ``image``).
+``height``, ``surface``; input ``image``).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class GraspNet(nn.Module):
     Shape:
         input ``(N, 3, H, W)`` float32 (any ``H, W``; multiples of 4 avoid resampling
         seams); outputs ``quality_logits (N, A, H, W)``, ``width (N, 1, H, W)`` metres,
-        ``height (N, 1, H, W)`` metres above the table.
+        ``height (N, 1, H, W)`` and ``surface (N, 1, H, W)`` metres above the table.
     """
 
     def __init__(self, angle_bins: int = 12, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
@@ -81,7 +84,7 @@ class GraspNet(nn.Module):
         self.mid = nn.Sequential(*[_Residual(4 * c, int(d)) for d in dilations])
         self.up1 = nn.Sequential(_conv(6 * c, 2 * c), _conv(2 * c, 2 * c))
         self.up2 = _conv(3 * c, c)
-        self.head = nn.Conv2d(c, self.angle_bins + 2, 1)
+        self.head = nn.Conv2d(c, self.angle_bins + 3, 1)
         # Start pessimistic: most pixels are not graspable (stabilises the first steps).
         with torch.no_grad():
             self.head.bias[: self.angle_bins].fill_(-2.0)
@@ -101,11 +104,12 @@ class GraspNet(nn.Module):
             "quality_logits": out[:, :A],
             "width": GRIPPER_MAX_WIDTH * torch.sigmoid(out[:, A : A + 1]),
             "height": HEIGHT_MAX * torch.sigmoid(out[:, A + 1 : A + 2]),
+            "surface": HEIGHT_MAX * torch.sigmoid(out[:, A + 2 : A + 3]),
         }
 
 
 class ExportWrapper(nn.Module):
-    """The deployed graph: ``image -> (quality, width, height)`` with quality a probability.
+    """The deployed graph: ``image -> (quality, width, height, surface)``, quality a probability.
 
     Args:
         net: the trained network.
@@ -123,13 +127,14 @@ class ExportWrapper(nn.Module):
         self.register_buffer("mirror_bins", torch.tensor([(-b) % A for b in range(A)], dtype=torch.long),
                              persistent=False)
 
-    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self.net(image)
-        quality, width, height = torch.sigmoid(out["quality_logits"]), out["width"], out["height"]
+        quality, width, height, surface = torch.sigmoid(out["quality_logits"]), out["width"], out["height"], out["surface"]
         if self.flip_average:
             m = self.net(torch.flip(image, dims=[3]))
             quality_m = torch.flip(torch.sigmoid(m["quality_logits"]), dims=[3]).index_select(1, self.mirror_bins)
             quality = 0.5 * (quality + quality_m)
             width = 0.5 * (width + torch.flip(m["width"], dims=[3]))
             height = 0.5 * (height + torch.flip(m["height"], dims=[3]))
-        return quality, width, height
+            surface = 0.5 * (surface + torch.flip(m["surface"], dims=[3]))
+        return quality, width, height, surface

@@ -92,9 +92,11 @@ def run_pipeline(cfg: DictConfig) -> dict:
 
 def _run_pipeline(cfg: DictConfig) -> dict:
     from policies.tracking import logger_name
+    from policies.train import check_policy_config
     from sim_render.api import render_config
     from sim_render.cli import render
 
+    check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
     t_start = time.perf_counter()
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
         shown = translator(view) if translator is not None else view
         maps = runner.infer_view(shown)
         dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
-                           runner.meta.quality_threshold, **runner.meta.decode)
+                           runner.meta.quality_threshold, surface=maps.surface, **runner.meta.decode)
         img = np.ascontiguousarray(shown).copy()
         if dec.view_pixel is not None and dec.view_angle is not None:
             draw_grasp(img, dec.view_pixel, dec.view_angle, 0.15 * img.shape[1], SUCCESS_COLOR, 1)

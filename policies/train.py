@@ -42,6 +42,28 @@ def policy_config(cfg: DictConfig | dict) -> DictConfig:
     return cfg.policy if "policy" in cfg else cfg
 
 
+def check_policy_config(pcfg: DictConfig | dict) -> None:
+    """Refuse option combinations that would only fail after training (a clear message, early).
+
+    Raises:
+        ValueError: an unknown view kind, or a decode rule without a top-down view.
+    """
+    pcfg = policy_config(pcfg)
+    kind = str((pcfg.get("view") or {}).get("kind", "camera"))
+    if kind not in ("table", "camera"):
+        raise ValueError(f"policy.view.kind must be 'table' or 'camera', got {kind!r}")
+    rule = (pcfg.get("decode") or {}).get("rule")
+    if rule is not None and kind != "table":
+        raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
+                         "set policy.decode.rule=null for a camera view")
+    if rule is not None:
+        from perception.rule import DEFAULT_RULE
+
+        unknown = set(rule) - set(DEFAULT_RULE)
+        if unknown:
+            raise ValueError(f"policy.decode.rule has unknown keys {sorted(unknown)}; known: {sorted(DEFAULT_RULE)}")
+
+
 def _float_metrics(metrics: dict) -> dict[str, float]:
     out = {}
     for k, v in metrics.items():
@@ -87,6 +109,7 @@ def train_policy(
     """
     full = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     pcfg = policy_config(full)
+    check_policy_config(pcfg)
     if seed is None:
         seed = int(full.get("seed", 0) or 0)
     out = Path(output_dir)

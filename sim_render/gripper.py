@@ -18,6 +18,8 @@ import numpy as np
 import pybullet as p
 
 from perception.frames import (
+    GRIPPER_FINGER_HALF_DEPTH,
+    GRIPPER_FINGER_HALF_THICKNESS,
     GRIPPER_FINGER_LENGTH,
     GRIPPER_MAX_WIDTH,
     LIFT_HEIGHT,
@@ -32,7 +34,7 @@ __all__ = ["GraspTiming", "GraspOutcome", "FloatingHand"]
 #: Palm half extents (x along the finger line, y, z), metres (Franka Hand ~0.2 x 0.06 x 0.06).
 PALM_HALF = (0.1, 0.03, 0.03)
 #: Finger half extents (x thickness, y depth, z half length), metres.
-FINGER_HALF = (0.009, 0.011, GRIPPER_FINGER_LENGTH / 2)
+FINGER_HALF = (GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_LENGTH / 2)
 #: Hand and finger masses, kg.
 PALM_MASS, FINGER_MASS = 0.6, 0.03
 #: Vertical resistance that stops the descent, N (contract: about 3 N).

@@ -24,6 +24,7 @@ import numpy as np
 
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.grasp import Grasp
+from perception.rule import ABOVE_TIPS, GRASP_DEPTH, WIDTH_MARGIN  # the grasp rule's numbers, stated once
 from sim_render.cell import Cell
 from sim_render.dataset import SOURCE_HEURISTIC, SOURCE_PERTURBED, SOURCE_RANDOM
 from sim_render.gripper import FINGER_HALF, FloatingHand, GraspTiming
@@ -32,10 +33,6 @@ __all__ = [
     "Candidate", "heuristic_candidates", "random_candidates", "perturbed_candidates", "LabelledGrasp", "label_grasps",
 ]
 
-#: How deep the fingertips go below the top of the part they close around, metres.
-GRASP_DEPTH = 0.025
-#: Free space left on each side of the part when opening, metres.
-WIDTH_MARGIN = 0.012
 #: Number of yaws tried per heuristic point.
 N_YAWS = 12
 #: Sampling step of the cross-section profile, metres.
@@ -100,7 +97,7 @@ def heuristic_candidates(cell: Cell, hmap: tuple, n: int, rng: np.random.Generat
             + offsets[None, None, :, None] * dirs[:, None, None, :]
             + lanes[None, :, None, None] * normals[:, None, None, :]
         )
-        above = _sample_heights(hmap, pts) > tip_z + 0.003  # (yaw, lane, offset): above the tips
+        above = _sample_heights(hmap, pts) > tip_z + ABOVE_TIPS  # (yaw, lane, offset): above the tips
         prof = above[:, 1]
         blocked = above.any(axis=1)
         best = None

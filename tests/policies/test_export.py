@@ -32,9 +32,10 @@ def test_network_shapes_and_ranges():
         out = net(torch.randn(2, 3, 96, 80))
     assert out["quality_logits"].shape == (2, 12, 96, 80)
     assert out["width"].shape == (2, 1, 96, 80) and out["height"].shape == (2, 1, 96, 80)
+    assert out["surface"].shape == (2, 1, 96, 80)
     assert 0 <= float(out["width"].min()) and float(out["width"].max()) <= 0.08
     with torch.no_grad():
-        q, w, h = ExportWrapper(net)(torch.randn(1, 3, 64, 64))
+        q, w, h, s = ExportWrapper(net)(torch.randn(1, 3, 64, 64))
     assert 0 <= float(q.min()) and float(q.max()) <= 1
 
 
@@ -56,14 +57,15 @@ def test_flip_average_is_mirror_equivariant_and_exports(tmp_path, calib, view):
     graph = ExportWrapper(net, flip_average=True).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        q, w, h = graph(x)
-        qm, wm, hm = graph(torch.flip(x, dims=[3]))
+        q, w, h, s = graph(x)
+        qm, wm, hm, sm = graph(torch.flip(x, dims=[3]))
     perm = torch.tensor([(-b) % 6 for b in range(6)])
     torch.testing.assert_close(qm, torch.flip(q, dims=[3])[:, perm], atol=1e-6, rtol=0)
     torch.testing.assert_close(wm, torch.flip(w, dims=[3]), atol=1e-7, rtol=0)
     torch.testing.assert_close(hm, torch.flip(h, dims=[3]), atol=1e-7, rtol=0)
+    torch.testing.assert_close(sm, torch.flip(s, dims=[3]), atol=1e-7, rtol=0)
     with torch.no_grad():
-        plain, _, _ = ExportWrapper(net)(x)
+        plain, *_ = ExportWrapper(net)(x)
     assert float((plain - q).abs().max()) > 1e-3  # it is not the plain graph
     art = export_artifact(net, view, calib, {"flip_average": True, "decode": {"neighbourhood_px": 1}},
                           tmp_path / "artifact")
@@ -80,7 +82,7 @@ def test_metadata_is_what_the_service_reads(tmp_path, calib, view):
     assert raw["format"] == "sim2real-grasp-policy" and raw["format_version"] == 1 and raw["onnx"] == "policy.onnx"
     assert raw["input"] == {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
                             "size": [view.width, view.height], "mean": list(IMAGE_MEAN), "std": list(IMAGE_STD)}
-    assert raw["outputs"] == {"quality": "quality", "width": "width", "height": "height"}
+    assert raw["outputs"] == {"quality": "quality", "width": "width", "height": "height", "surface": "surface"}
     assert meta.angle_bins == 6 and meta.quality_threshold == pytest.approx(0.4)
     np.testing.assert_allclose(meta.view.K, view.K)
     assert "code_version" in raw and raw["training"]["config"]["quality_threshold"] == 0.4

@@ -27,7 +27,7 @@ def test_rule_grasps_a_bar_across_not_along():
     assert g["success"][across].all()
     assert not g["success"][along].any()
     # Fingertip height: the top minus the labeller's grasp depth; opening symmetric about the cell.
-    from sim_render.labels import GRASP_DEPTH
+    from perception.rule import GRASP_DEPTH
 
     np.testing.assert_allclose(g["position"][across, 2], 0.03 - GRASP_DEPTH)
     assert (g["width"][across] <= 0.08).all() and (g["width"][across] > 0.02).all()
@@ -69,3 +69,29 @@ def test_height_grid_of_a_flat_table(calib):
     xs, ys, height, known, is_obj = height_grid(depth, seg, raw, resolution=0.008)
     assert known.mean() > 0.8 and not is_obj.any()
     np.testing.assert_allclose(height[known], 0.0, atol=1e-3)
+
+
+def test_the_labellers_dense_rule_agrees_with_the_decodes():
+    """The dense pseudo-labels are perception.rule's verdicts (the decode's rule) at each
+    cell's base position and yaw: the grid's columns are x, its rows y."""
+    from perception.rule import fitting_grasps, object_cells
+
+    PX, A = 0.004, 12
+    rng = np.random.default_rng(0)
+    s = np.zeros((72, 72), np.float32)
+    for _ in range(6):
+        v, u = rng.integers(8, 60, 2)
+        s[v : v + rng.integers(3, 12), u : u + rng.integers(3, 20)] = rng.uniform(0.01, 0.07)
+    xs = np.arange(72) * PX + 0.3
+    ys = np.arange(72) * PX - 0.15
+    known = np.ones_like(s, dtype=bool)
+    parts = object_cells(s, min_object_px=1)
+    g = geometric_grasps(xs, ys, s.astype(np.float64), known, parts, 0.0, n_yaws=A)
+    fits, width, *_ = fitting_grasps(s, PX, A, parts)
+    iu = np.rint((g["position"][:, 0] - xs[0]) / PX).astype(int)
+    iv = np.rint((g["position"][:, 1] - ys[0]) / PX).astype(int)
+    k = np.rint(np.mod(g["yaw"], np.pi) / (np.pi / A)).astype(int) % A
+    assert len(k) > 500
+    np.testing.assert_array_equal(fits[k, iv, iu], g["success"])
+    ok = g["success"]
+    np.testing.assert_allclose(width[k, iv, iu][ok], g["width"][ok], atol=1e-6)

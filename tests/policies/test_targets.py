@@ -9,8 +9,8 @@ import torch
 from perception.frames import MIN_TIP_CLEARANCE
 from perception.geometry import project_points
 from perception.grasp import Grasp, angle_to_bin, base_grasp_to_view
+from perception.rule import GRASP_DEPTH
 from policies.data import PolicyFrames, build_targets, labels_to_view, split_by_scene, surface_height_view
-from sim_render.labels import GRASP_DEPTH
 
 A = 12
 

@@ -30,6 +30,21 @@ def test_config_composes_and_names_its_keys():
     assert cfg.translator is None and list(cfg.dataset_dirs) == []
 
 
+def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_path):
+    import pytest
+
+    from policies.train import check_policy_config
+
+    with pytest.raises(ValueError, match="view.kind"):
+        train_policy(_cfg(["policy.view.kind=sideways"]), [rendered], tmp_path / "a", fast_dev_run=True)
+    with pytest.raises(ValueError, match="top-down view"):
+        check_policy_config(_cfg(["policy.view.kind=camera", "+policy.decode.rule={support_px: 1}"]))
+    with pytest.raises(ValueError, match="unknown keys"):
+        check_policy_config(_cfg(["+policy.decode.rule={support: 1}"]))
+    check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}"]))  # a table view takes it
+    assert not (tmp_path / "a").exists()
+
+
 def test_fast_dev_run_fits_and_exports(rendered, tmp_path, calib):
     out = tmp_path / "run"
     summary = train_policy(_cfg(), [rendered], out, fast_dev_run=True)
@@ -45,6 +60,7 @@ def test_fast_dev_run_fits_and_exports(rendered, tmp_path, calib):
     assert runner.meta.input_size == (64, 64)
     maps = runner.infer(np.zeros((calib.height, calib.width, 3), np.uint8))
     assert np.isfinite(maps.quality).all()
+    assert maps.surface is not None and maps.surface.shape == (64, 64) and (maps.surface >= 0).all()
 
 
 def test_resume_continues_the_step_count(rendered, tmp_path):

@@ -1,0 +1,189 @@
+"""Where a parallel-jaw grasp fits: the antipodal rule on a top-down height map.
+
+A top-down grasp centred on a cell of a height map, closing along an angle, *fits* when
+
+1. the cell is on a part (its surface stands more than ``object_height`` above the table,
+   in a connected patch of at least ``min_object_px`` cells: specks are noise);
+2. the fingertips go :data:`GRASP_DEPTH` below the cell's top (at least
+   :data:`perception.frames.MIN_TIP_CLEARANCE` above the table), and the part's cross-section
+   through the cell at that height, measured symmetrically about the cell, plus
+   :data:`WIDTH_MARGIN` on each side, fits the gripper's opening;
+3. both fingers (thickness x depth of :mod:`perception.frames`) land beside the part on
+   nothing higher than :data:`ABOVE_TIPS` over the fingertips.
+
+This is the rule the renderer's labeller proposes its candidates with
+(:func:`sim_render.labels.heuristic_candidates`) and the policy's dense pseudo-labels use
+(:mod:`policies.geometric`): one set of numbers, stated here. The grasp decode applies it
+to the *predicted* surface (``perception.decode.decode_grasp(..., rule=...)``): the
+network then only has to see the shape of the bin's contents, a dense regression from
+every pixel, while the physics-verified quality map ranks what fits.
+
+Units: metres above the table; grid cells of ``px_m`` metres; angles in the grid's
+pixel axes (from ``+u`` towards ``+v``), as the view's angle bins are.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import cv2
+import numpy as np
+
+from perception.frames import (
+    GRIPPER_FINGER_HALF_DEPTH,
+    GRIPPER_FINGER_HALF_THICKNESS,
+    GRIPPER_MAX_WIDTH,
+    MIN_TIP_CLEARANCE,
+)
+
+__all__ = [
+    "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "object_cells",
+    "fitting_grasps", "support_score",
+]
+
+#: How deep the fingertips go below the top of the part they close around, metres.
+GRASP_DEPTH = 0.025
+#: Free space left on each side of the part when opening, metres.
+WIDTH_MARGIN = 0.012
+#: Height above the fingertips that counts as "in the way", metres.
+ABOVE_TIPS = 0.003
+#: A surface this far above the table is a part, metres (the bin floor and the table are below).
+OBJECT_HEIGHT = 0.008
+
+#: Decode options of the rule (``decode_grasp(..., rule=...)``; an artifact's ``decode.rule``).
+DEFAULT_RULE: dict[str, float] = {
+    "object_height": OBJECT_HEIGHT,
+    "min_object_px": 8,  # connected part cells; fewer is noise of the predicted surface
+    "region_margin": 0.01,  # metres inside the workspace edge where parts are looked for (the bin walls stand at it)
+    "support_px": 2,  # the score of a grasp is the share of fitting grasps in its (2r+1)^2 neighbourhood ...
+    "bin_weight": 0.5,  # ... and, at this weight, in the neighbouring angle bins
+    "quality_power": 1.0,  # score = support * quality ** power (0: the rule alone)
+}
+
+
+def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_height: float = OBJECT_HEIGHT,
+                 min_object_px: int = 8) -> np.ndarray:
+    """``(H, W)`` bool: cells on a part (see the module docstring, item 1).
+
+    Args:
+        surface: ``(H, W)`` surface height above the table, metres (NaN: unknown, not a part).
+        region: ``(H, W)`` bool, where parts may be (``None``: everywhere).
+    """
+    s = np.nan_to_num(np.asarray(surface, dtype=np.float32), nan=0.0)
+    mask = s > float(object_height)
+    if region is not None:
+        mask &= np.asarray(region, dtype=bool)
+    if int(min_object_px) > 1 and mask.any():
+        n, lab, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+        small = stats[:, cv2.CC_STAT_AREA] < int(min_object_px)
+        small[0] = True  # the background
+        mask &= ~small[lab]
+    return mask
+
+
+@functools.lru_cache(maxsize=8)
+def _profile_offsets(angle_bins: int, px_m: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cell offsets ``du, dv (A, 3 lanes, O)`` of the cross-section samples, and the
+    offsets along the closing line in metres ``(O,)``."""
+    half_span = GRIPPER_MAX_WIDTH / 2 + 2 * GRIPPER_FINGER_HALF_THICKNESS + 0.01
+    n = int(np.ceil(half_span / px_m))
+    steps = np.arange(-n, n + 1, dtype=np.float64)
+    angles = np.arange(angle_bins) * np.pi / angle_bins  # the bin centres (angle_bin_centers, before wrapping)
+    along = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    across = np.stack([-along[:, 1], along[:, 0]], axis=1)
+    lanes = np.array([-GRIPPER_FINGER_HALF_DEPTH, 0.0, GRIPPER_FINGER_HALF_DEPTH]) / px_m
+    pts = steps[None, None, :, None] * along[:, None, None, :] + lanes[None, :, None, None] * across[:, None, None, :]
+    return np.rint(pts[..., 0]).astype(np.int64), np.rint(pts[..., 1]).astype(np.int64), steps * px_m
+
+
+class RuleMaps(NamedTuple):
+    """:func:`fitting_grasps` output: ``fits``, ``width`` and ``unseen`` ``(A, H, W)``, ``tip (H, W)``."""
+
+    fits: np.ndarray
+    width: np.ndarray
+    tip: np.ndarray
+    unseen: np.ndarray | None
+
+
+def fitting_grasps(
+    surface: np.ndarray,
+    px_m: float,
+    angle_bins: int,
+    parts: np.ndarray,
+    known: np.ndarray | None = None,
+) -> RuleMaps:
+    """The rule for a grasp centred on every part cell at every angle bin.
+
+    Args:
+        surface: ``(H, W)`` surface height above the table, metres (NaN counts as free).
+        px_m: cell size, metres (the grid is metric and isotropic: a top-down view).
+        angle_bins: ``A``; the angles are the bin centres of
+            :func:`perception.grasp.angle_bin_centers`.
+        parts: ``(H, W)`` bool, :func:`object_cells`.
+        known: ``(H, W)`` bool, cells that were seen (unseen ones count as free); when
+            given, ``unseen`` says which verdicts rest on one.
+
+    Returns:
+        :class:`RuleMaps`: ``fits (A, H, W)`` bool; ``width (A, H, W)`` float32, the
+        symmetric opening in metres (where the part is wider than the gripper, the opening
+        it would need); ``tip (H, W)`` float32, the fingertip height above the table;
+        ``unseen (A, H, W)`` bool or ``None``.
+    """
+    s = np.nan_to_num(np.asarray(surface, dtype=np.float64), nan=0.0)
+    H, W = s.shape
+    A = int(angle_bins)
+    tip = np.maximum(MIN_TIP_CLEARANCE, s - GRASP_DEPTH).astype(np.float32)
+    fits = np.zeros((A, H, W), dtype=bool)
+    width = np.zeros((A, H, W), dtype=np.float32)
+    unseen_map = None if known is None else np.zeros((A, H, W), dtype=bool)
+    cv, cu = np.nonzero(parts)
+    if cv.size == 0:
+        return RuleMaps(fits, width, tip, unseen_map)
+    step = round(float(px_m), 9)  # a grid's spacing from coordinate differences carries rounding noise
+    du, dv, _ = _profile_offsets(A, step)
+    # Samples outside the grid are free (the view covers the workspace and a margin).
+    su = cu[:, None, None, None] + du[None]
+    sv = cv[:, None, None, None] + dv[None]  # (cell, bin, lane, offset)
+    inside = (su >= 0) & (su < W) & (sv >= 0) & (sv < H)
+    h = np.where(inside, s[np.clip(sv, 0, H - 1), np.clip(su, 0, W - 1)], 0.0)
+    above = h > (tip[cv, cu].astype(np.float64) + ABOVE_TIPS)[:, None, None, None]
+    prof = above[:, :, 1]  # the middle lane, (cell, bin, offset)
+    mid = prof.shape[-1] // 2
+    left = prof[..., :mid][..., ::-1]
+    right = prof[..., mid + 1 :]
+    n_left = np.where(left.all(-1), left.shape[-1], left.argmin(-1))
+    n_right = np.where(right.all(-1), right.shape[-1], right.argmin(-1))
+    w = 2 * (np.maximum(n_left, n_right) * step + step / 2 + WIDTH_MARGIN)
+    idx = np.arange(prof.shape[-1]) - mid
+    reach = w / 2 + 2 * GRIPPER_FINGER_HALF_THICKNESS
+    offsets = np.abs(idx) * step
+    landing = (offsets[None, None, :] <= reach[..., None]) & (
+        (idx[None, None, :] < -n_left[..., None]) | (idx[None, None, :] > n_right[..., None])
+    )
+    blocked = (above.any(axis=2) & landing).any(-1)
+    ok = prof[..., mid] & (w <= GRIPPER_MAX_WIDTH + 1e-9) & ~blocked  # (cell, bin)
+    fits[:, cv, cu] = ok.T
+    width[:, cv, cu] = w.T.astype(np.float32)
+    if unseen_map is not None:
+        seen = np.where(inside, np.asarray(known, dtype=bool)[np.clip(sv, 0, H - 1), np.clip(su, 0, W - 1)], True)
+        in_reach = offsets[None, None, :] <= reach[..., None]
+        unseen_map[:, cv, cu] = ((~seen.all(axis=2)) & in_reach).any(-1).T
+    return RuleMaps(fits, width, tip, unseen_map)
+
+
+def support_score(fits: np.ndarray, support_px: int = 2, bin_weight: float = 0.5) -> np.ndarray:
+    """``(A, H, W)`` float32 in ``[0, 1]``: how much of a grasp's neighbourhood also fits.
+
+    The share of fitting grasps in the ``(2r+1)^2`` cells around it at its angle, plus
+    ``bin_weight`` times the same at the two neighbouring angle bins (angles wrap), over
+    ``1 + 2 bin_weight``. A grasp deep inside the region where the rule holds survives
+    a centimetre of error in the predicted surface or in the robot's placement; one on its
+    edge does not. Non-fitting grasps score 0.
+    """
+    f = np.asarray(fits, dtype=np.float32)
+    k = 2 * int(support_px) + 1
+    share = np.stack([cv2.blur(p, (k, k), borderType=cv2.BORDER_CONSTANT) for p in f]) if k > 1 else f.copy()
+    bw = float(bin_weight)
+    score = (share + bw * (np.roll(share, 1, axis=0) + np.roll(share, -1, axis=0))) / (1.0 + 2.0 * bw)
+    return np.where(fits, score, 0.0).astype(np.float32)

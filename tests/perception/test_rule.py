@@ -1,0 +1,156 @@
+"""The grasp rule on a top-down surface (perception/rule.py) and the decode that uses it."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from perception.artifact import ArtifactError, load_metadata
+from perception.decode import decode_grasp
+from perception.frames import GRIPPER_MAX_WIDTH
+from perception.geometry import make_view, table_view, view_pixels_to_base
+from perception.grasp import angle_bin_centers
+from perception.rule import GRASP_DEPTH, WIDTH_MARGIN, fitting_grasps, object_cells, support_score
+
+PX = 0.004  # metres per cell of the synthetic grids
+A = 12
+
+
+def _grid(n: int = 64) -> np.ndarray:
+    return np.zeros((n, n), np.float32)
+
+
+def _bar(s: np.ndarray, v0: int, v1: int, u0: int, u1: int, top: float) -> np.ndarray:
+    s[v0:v1, u0:u1] = top
+    return s
+
+
+def test_a_bar_fits_across_not_along():
+    """A 2.4 cm x 12 cm bar, 4 cm tall: grasps closing across it (along v) fit on its
+    centre line with the opening bar + 2 margins; along it (along u) nothing fits."""
+    s = _bar(_grid(), 29, 35, 16, 46, 0.04)  # 6 rows (2.4 cm) by 30 columns (12 cm)
+    parts = object_cells(s)
+    fits, width, tip, _ = fitting_grasps(s, PX, A, parts)
+    across = int(np.argmin(np.abs(angle_bin_centers(A) - math.pi / 2)))  # +v
+    along = 0  # +u
+    assert fits[across, 31:33, 20:42].all()  # the centre rows, away from the ends
+    assert not fits[along].any()
+    w = width[across, 31, 30]
+    # symmetric about a centre cell: the longer side (3 cells) decides, plus the margins
+    assert w == pytest.approx(2 * (3 * PX + PX / 2 + WIDTH_MARGIN), abs=1e-6)
+    assert w <= GRIPPER_MAX_WIDTH
+    assert tip[31, 30] == pytest.approx(0.04 - GRASP_DEPTH)
+    assert not fits[:, s == 0].any()  # only part cells are grasp centres
+
+
+def test_too_wide_a_part_and_a_blocked_finger_do_not_fit():
+    """A 7 cm square leaves no room for the margins in a 0.08 m opening; a tall neighbour
+    1.2 cm beside a bar blocks the finger that would land there."""
+    box = _bar(_grid(), 20, 38, 20, 38, 0.03)  # 18 cells = 7.2 cm
+    fits, *_ = fitting_grasps(box, PX, A, object_cells(box))
+    assert not fits.any()
+    s = _bar(_grid(), 29, 35, 16, 46, 0.04)
+    fits_alone, *_ = fitting_grasps(s, PX, A, object_cells(s))
+    s = _bar(s, 38, 44, 16, 46, 0.06)  # a taller bar 3 cells (1.2 cm) away along +v
+    fits_near, *_ = fitting_grasps(s, PX, A, object_cells(s))
+    across = int(np.argmin(np.abs(angle_bin_centers(A) - math.pi / 2)))
+    assert fits_alone[across, 31, 30] and not fits_near[across, 31, 30]
+
+
+def test_object_cells_drop_specks_and_respect_the_region():
+    s = _bar(_grid(), 10, 16, 10, 30, 0.03)
+    s[50, 50] = 0.05  # a one-cell speck of noise
+    s[5, 5] = 0.005  # below the part height: the bin floor
+    region = np.ones_like(s, dtype=bool)
+    region[:, 25:] = False
+    cells = object_cells(s, region)
+    assert cells[12, 12] and not cells[50, 50] and not cells[5, 5] and not cells[12, 27]
+    assert not object_cells(np.full_like(s, np.nan)).any()
+
+
+def test_support_prefers_the_middle_of_a_part_and_is_bounded():
+    s = _bar(_grid(), 29, 35, 16, 46, 0.04)
+    fits, *_ = fitting_grasps(s, PX, A, object_cells(s))
+    score = support_score(fits, support_px=2, bin_weight=0.5)
+    assert score.min() >= 0 and score.max() <= 1
+    assert (score[~fits] == 0).all()
+    across = int(np.argmin(np.abs(angle_bin_centers(A) - math.pi / 2)))
+    assert fits[across, 31, 16] and score[across, 31, 30] > score[across, 31, 16]  # the middle beats the end
+
+
+@pytest.fixture(scope="module")
+def calib():
+    from perception.calibration import Calibration, default_calibration_path
+
+    return Calibration.load(default_calibration_path())
+
+
+def _bar_in_view(calib, view, x: float, y: float, yaw: float, half_len=0.05, half_w=0.012, top=0.04) -> np.ndarray:
+    W, H = view.size
+    vv, uu = np.mgrid[0:H, 0:W]
+    xy = view_pixels_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view, 0.0)[:, :2].reshape(H, W, 2)
+    d = xy - np.array([x, y])
+    along = d[..., 0] * math.cos(yaw) + d[..., 1] * math.sin(yaw)
+    across = -d[..., 0] * math.sin(yaw) + d[..., 1] * math.cos(yaw)
+    return np.where((np.abs(along) <= half_len) & (np.abs(across) <= half_w), top, 0.0).astype(np.float32)
+
+
+def test_decode_with_the_rule_grasps_a_bar_across_at_its_height(calib):
+    """A flat quality map and a bar in the predicted surface: the rule decides, the grasp
+    closes across the bar on its centre line, at the bar's top minus the grasp depth."""
+    view = table_view(calib, (96, 96))
+    x, y, yaw = 0.5, 0.02, 0.4
+    surface = _bar_in_view(calib, view, x, y, yaw)
+    q = np.full((A, 96, 96), 0.5, np.float32)
+    w = np.full((96, 96), 0.02, np.float32)
+    h = np.full((96, 96), 0.005, np.float32)
+    dec = decode_grasp(q, w, h, calib, view, 0.1, surface=surface, rule={"quality_power": 1.0})
+    g = dec.grasp
+    assert g is not None
+    dx, dy = g.position[0] - x, g.position[1] - y
+    assert abs(dx * math.cos(yaw) + dy * math.sin(yaw)) < 0.05  # on the bar ...
+    assert abs(-dx * math.sin(yaw) + dy * math.cos(yaw)) < 0.006  # ... within a cell or so of its centre line
+    across = yaw + math.pi / 2
+    diff = abs((g.yaw - across + math.pi / 2) % math.pi - math.pi / 2)
+    assert diff <= math.radians(15) + 1e-6
+    assert g.position[2] == pytest.approx(calib.table_z + 0.04 - GRASP_DEPTH, abs=1e-6)
+    assert 0.024 < g.width <= GRIPPER_MAX_WIDTH
+    # the quality still ranks what fits: zero quality there means no grasp at all
+    none = decode_grasp(np.zeros_like(q), w, h, calib, view, 0.1, surface=surface, rule={})
+    assert none.grasp is None and "threshold" in none.reason
+    # an empty bin: nothing fits
+    empty = decode_grasp(q, w, h, calib, view, 0.0, surface=np.zeros_like(surface), rule={})
+    assert empty.grasp is None
+
+
+def test_decode_rule_refuses_what_it_cannot_use(calib):
+    q = np.full((A, 32, 32), 0.5, np.float32)
+    m = np.zeros((32, 32), np.float32)
+    with pytest.raises(ValueError, match="top-down view"):
+        decode_grasp(q, m, m, calib, make_view(calib, (32, 32), "camera"), 0.1, surface=m, rule={})
+    with pytest.raises(ValueError, match="surface"):
+        decode_grasp(q, m, m, calib, table_view(calib, (32, 32)), 0.1, rule={})
+    with pytest.raises(ValueError, match="unknown grasp rule options"):
+        decode_grasp(q, m, m, calib, table_view(calib, (32, 32)), 0.1, surface=m, rule={"support": 1})
+
+
+def test_artifact_rule_needs_a_surface_output(tmp_path, artifact_dir):
+    """decode.rule is validated; an artifact whose graph has no surface cannot ask for it."""
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    meta["decode"] = {"neighbourhood_px": 1, "rule": {"support_px": 2}}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="surface"):
+        load_metadata(d)
+    meta["outputs"]["surface"] = "height"  # any output name the graph has will do here
+    (d / "metadata.json").write_text(json.dumps(meta))
+    assert load_metadata(d).decode["rule"] == {"support_px": 2}
+    meta["decode"]["rule"] = {"support_px": 2, "colour": 1}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="unknown keys"):
+        load_metadata(d)
