@@ -411,6 +411,17 @@ def augment_item(
 
 
 # ----------------------------------------------------------------------------- dataset
+def translated_frame(index: int, fraction: float) -> bool:
+    """Whether frame ``index`` is one of the ``fraction`` that a translator adapts.
+
+    A fixed, well-spread subset (a multiplicative hash of the index), the same in every
+    epoch and every worker, so cached frames stay valid.
+    """
+    if fraction >= 1.0:
+        return True
+    return ((int(index) * 2654435761) % 2**32) / 2**32 < float(fraction)
+
+
 class PolicyFrames(Dataset):
     """Sim frames in the network view with grasp-map targets (one item per frame).
 
@@ -429,6 +440,9 @@ class PolicyFrames(Dataset):
             memory after the first read (about 100 KB per frame at 128x128).
         augment: training augmentation (:data:`DEFAULT_AUGMENT` keys; ``None``: none).
         seed: seed of the augmentation's random stream (per worker, per epoch it differs).
+        translate_fraction: with a translator, the share of frames it translates (a fixed
+            subset, by frame index); the others stay as rendered, so the policy sees both the
+            adapted look and the randomized looks around it.
 
     Item:
         ``image`` ``(3, H, W)`` float32 normalised (:func:`to_network_input`); ``view_rgb``
@@ -447,8 +461,13 @@ class PolicyFrames(Dataset):
         cache: bool = True,
         augment: dict | None = None,
         seed: int = 0,
+        translate_fraction: float = 1.0,
     ) -> None:
         from sim_render.reader import SimFrameDataset
+
+        if not 0.0 <= float(translate_fraction) <= 1.0:
+            raise ValueError(f"translate_fraction must be in [0, 1], got {translate_fraction}")
+        self.translate_fraction = float(translate_fraction)
 
         self.frames = root if isinstance(root, SimFrameDataset) else SimFrameDataset(root)
         self.calibration: Calibration = self.frames.calibration
@@ -488,13 +507,13 @@ class PolicyFrames(Dataset):
         if rec is not None:
             return rec
         item = self.frames[j]
-        rec = self._compact_table(item) if self.view.is_table else self._compact_camera(item, j)
+        rec = self._compact_table(item, j) if self.view.is_table else self._compact_camera(item, j)
         if self.cache:
             self._cache[j] = rec
         return rec
 
-    def _translate(self, view_rgb: np.ndarray) -> np.ndarray:
-        if self.translator is None:
+    def _translate(self, view_rgb: np.ndarray, j: int) -> np.ndarray:
+        if self.translator is None or not translated_frame(j, self.translate_fraction):
             return view_rgb
         return np.asarray(self.translator(view_rgb[None]), dtype=np.uint8)[0]
 
@@ -503,7 +522,7 @@ class PolicyFrames(Dataset):
         rgb = np.asarray(item["rgb"])
         h, w = rgb.shape[:2]
         raw_calib = self.calibration.scaled((w, h))
-        view_rgb = self._translate(preprocess(rgb, self.calibration, self.view))
+        view_rgb = self._translate(preprocess(rgb, self.calibration, self.view), j)
         mx, my, valid = view_grids(raw_calib, self.view)
         seg_view = _nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
         surface = surface_height_view(item["depth"], item["camera"], raw_calib, self.view)
@@ -532,7 +551,7 @@ class PolicyFrames(Dataset):
             geometric = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in geometric.items()}
         return _record(view_rgb, seg_view, valid, surface, uv, angle, g, item["scene"], geometric, grasp_height)
 
-    def _compact_table(self, item: dict) -> dict:
+    def _compact_table(self, item: dict, j: int) -> dict:
         """:meth:`compact` for a top-down (``kind="table"``) view.
 
         The frame is warped with the calibration of the camera that took it, as a user's
@@ -544,7 +563,7 @@ class PolicyFrames(Dataset):
         if float(self.targets["geometric_weight"]) > 0:
             raise ValueError("targets.geometric_weight > 0 needs a camera view (policy.view.kind=camera)")
         camera: Calibration = item["camera"]
-        view_rgb = self._translate(preprocess(np.asarray(item["rgb"]), camera, self.view))
+        view_rgb = self._translate(preprocess(np.asarray(item["rgb"]), camera, self.view), j)
         surface, top_label, known = table_view_surface(np.asarray(item["depth"]), np.asarray(item["seg"]), camera,
                                                        self.view)
         g = item["grasps"]
@@ -635,11 +654,13 @@ def make_policy_datasets(
     seed: int = 0,
     cache: bool = True,
     augment: dict | None = None,
+    translate_fraction: float = 1.0,
 ) -> tuple[Dataset, Dataset | None, NetworkView, Calibration]:
     """Train and validation datasets over one or more rendered dataset folders.
 
     All folders must share the nominal calibration (the view is built from it).
-    ``augment`` applies to the training frames only.
+    ``augment`` applies to the training frames only; ``translate_fraction`` see
+    :class:`PolicyFrames`.
 
     Args:
         view: a :class:`NetworkView`, or a spec ``{"kind": "table" | "camera", **kw}`` that
@@ -667,7 +688,8 @@ def make_policy_datasets(
         ):  # 1e-6: the same calibration written at another precision is the same camera
             raise ValueError(f"dataset {d} was rendered for another calibration than {dataset_dirs[0]}")
         tr, va = split_by_scene(frames, val_fraction, seed)
-        kw = dict(view=view, angle_bins=angle_bins, translator=translator, targets=targets, cache=cache)
+        kw = dict(view=view, angle_bins=angle_bins, translator=translator, targets=targets, cache=cache,
+                  translate_fraction=translate_fraction)
         train_parts.append(PolicyFrames(frames, indices=tr, augment=augment, seed=seed + len(train_parts), **kw))
         if len(va):
             val_parts.append(PolicyFrames(frames, indices=va, **kw))

@@ -59,6 +59,7 @@ __all__ = [
     "OraclePolicy",
     "OraclePixelPolicy",
     "RandomPolicy",
+    "ObservedRulePolicy",
     "evaluate",
     "evaluate_domains",
     "load_profile",
@@ -101,6 +102,7 @@ class EvalContext:
     rng: np.random.Generator
     camera: Calibration | None = None  # the actual (jittered) camera of this attempt's frame
     view: NetworkView | None = None  # the policy's view, for OraclePixelPolicy
+    frame: Any = None  # the attempt's rendered frame (RGB, depth, segmentation), for ObservedRulePolicy
 
 
 class EvalPolicy(Protocol):
@@ -360,6 +362,52 @@ class RandomPolicy:
         return _decoded(cand.grasp, ctx.calib)
 
 
+class ObservedRulePolicy:
+    """The grasp rule on the surface the camera actually saw (a diagnostic bracket).
+
+    The attempt's rendered depth is rebuilt top-down into a table view
+    (:func:`policies.data.table_view_surface`: exactly what the policy's ``surface`` output is
+    trained towards, unseen cells as free) and decoded with the rule of
+    :mod:`perception.rule` alone (a flat quality map, ``quality_power`` 0), through the
+    calibration the policy would be given. Its rate is what the rule decode reaches with a
+    perfect surface prediction: the ceiling of geometry without learned quality.
+
+    Args:
+        view: a top-down view (the policy's, or ``table_view(calib, (96, 96))``).
+        angle_bins: angle bins of the decode.
+        rule: :data:`perception.rule.DEFAULT_RULE` overrides.
+    """
+
+    name = "rule_observed"
+    uses_pixels = True
+    takes_calibration = True
+
+    def __init__(self, view: NetworkView, angle_bins: int = 12, rule: dict | None = None) -> None:
+        if not view.is_table:
+            raise ValueError("the rule_observed bracket needs a top-down view (kind 'table')")
+        self.view, self.angle_bins = view, int(angle_bins)
+        self.rule = {**(rule or {}), "quality_power": 0.0}
+        self.ctx: EvalContext | None = None
+
+    def bind(self, ctx: EvalContext) -> None:
+        self.ctx = ctx
+
+    def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
+        from policies.data import table_view_surface
+
+        ctx = self.ctx
+        if ctx is None or ctx.frame is None:
+            raise RuntimeError("ObservedRulePolicy must be bound to an evaluation that renders frames")
+        calib = ctx.calib if calibration is None else calibration
+        f = ctx.frame
+        surface_z, _, _ = table_view_surface(np.asarray(f.depth), np.asarray(f.seg_raw), f.camera, self.view)
+        surface = np.where(np.isfinite(surface_z), surface_z - calib.table_z, 0.0).astype(np.float32)
+        W, H = self.view.size
+        flat = np.ones((self.angle_bins, H, W), np.float32)
+        zeros = np.zeros((H, W), np.float32)
+        return decode_grasp(flat, zeros, zeros, calib, self.view, 1e-6, surface=surface, rule=self.rule)
+
+
 # ----------------------------------------------------------------------------- profiles
 def load_profile(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The render profile ``conf/render/<name>.yaml``, composed (``render.<key>=...`` overrides)."""
@@ -498,7 +546,8 @@ def evaluate(
                     frame = render_randomized(cell.client, cell.bodies, st["calib"], rngs["visuals"], cfg)
                     rgb, camera = frame.rgb, frame.camera
                 if hasattr(policy, "bind"):
-                    policy.bind(EvalContext(cell, hand, st["calib"], cfg, st["timing"], force, ep_rng, camera))
+                    policy.bind(EvalContext(cell, hand, st["calib"], cfg, st["timing"], force, ep_rng, camera,
+                                            frame=frame if uses_pixels else None))
                 if camera is not None and camera_calibration == "actual" and getattr(policy, "takes_calibration", False):
                     dec = policy(rgb, calibration=camera.scaled(tuple(st["calib"].image_size)))
                 else:
@@ -580,8 +629,10 @@ def evaluate_domains(
 ) -> dict:
     """The policy on each domain, plus the brackets once (on ``bracket_domain``).
 
-    ``policy=None`` runs the brackets alone. Brackets: ``oracle``, ``random`` and, with a
-    policy, ``oracle_pixels`` (:class:`OraclePixelPolicy` in the policy's view).
+    ``policy=None`` runs the brackets alone. Brackets: ``oracle``, ``random``,
+    ``rule_observed`` (:class:`ObservedRulePolicy`, in the policy's view when it is a table
+    view, else a 96 px one) and, with a policy, ``oracle_pixels`` (:class:`OraclePixelPolicy`
+    in the policy's view).
 
     Returns:
         ``{"policy": {domain: result}, "brackets": {name: result}}``.
@@ -592,7 +643,14 @@ def evaluate_domains(
             policy, d, calib, n_episodes, seed, render_scale, keep_episodes=keep_episodes, no_grasp=no_grasp,
             camera_calibration=camera_calibration,
         )
-    make: dict[str, Callable[[], EvalPolicy]] = {"oracle": OraclePolicy, "random": RandomPolicy}
+    from perception.geometry import table_view
+
+    pview = getattr(policy, "view", None)
+    rule_view = pview if pview is not None and pview.is_table else table_view(calib, (96, 96))
+    make: dict[str, Callable[[], EvalPolicy]] = {
+        "oracle": OraclePolicy, "random": RandomPolicy,
+        "rule_observed": lambda: ObservedRulePolicy(rule_view, int(getattr(policy, "angle_bins", 12))),
+    }
     if policy is not None and hasattr(policy, "view") and hasattr(policy, "angle_bins"):
         make["oracle_pixels"] = lambda: OraclePixelPolicy(policy.view, policy.angle_bins)  # type: ignore[union-attr]
     for b in brackets:

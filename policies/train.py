@@ -126,6 +126,7 @@ def train_policy(
         OmegaConf.to_container(pcfg.targets, resolve=True), float(pcfg.val_fraction), int(seed),
         bool(pcfg.get("cache", True)),
         OmegaConf.to_container(pcfg.augment, resolve=True) if pcfg.get("augment") else None,
+        float(pcfg.get("translate_fraction", 1.0)),
     )
     if len(train_ds) == 0:
         raise ValueError(f"no training frames in {list(dataset_dirs)}")

@@ -10,7 +10,14 @@ from perception.frames import MIN_TIP_CLEARANCE
 from perception.geometry import project_points
 from perception.grasp import Grasp, angle_to_bin, base_grasp_to_view
 from perception.rule import GRASP_DEPTH
-from policies.data import PolicyFrames, build_targets, labels_to_view, split_by_scene, surface_height_view
+from policies.data import (
+    PolicyFrames,
+    build_targets,
+    labels_to_view,
+    split_by_scene,
+    surface_height_view,
+    translated_frame,
+)
 
 A = 12
 
@@ -127,6 +134,22 @@ def test_policy_frames_on_rendered_data(rendered, view):
     # A translator is applied to the view image.
     inv = PolicyFrames(rendered, view=view, angle_bins=A, translator=lambda x: 255 - x)
     assert torch.equal(inv[0]["view_rgb"], 255 - item["view_rgb"])
+    # translate_fraction: a fixed subset of the frames is adapted, the others stay as rendered.
+    half = PolicyFrames(rendered, view=view, angle_bins=A, translator=lambda x: 255 - x, translate_fraction=0.5)
+    plain = [ds[i]["view_rgb"] for i in range(len(ds))]
+    flags = [translated_frame(int(half.indices[i]), 0.5) for i in range(len(ds))]
+    for i in range(len(ds)):
+        want = 255 - plain[i] if flags[i] else plain[i]
+        assert torch.equal(half[i]["view_rgb"], want)
+    with pytest.raises(ValueError, match="translate_fraction"):
+        PolicyFrames(rendered, view=view, angle_bins=A, translate_fraction=1.5)
+
+
+def test_translated_frame_subset_has_the_asked_share():
+    picked = np.array([translated_frame(i, 0.3) for i in range(2000)])
+    assert abs(picked.mean() - 0.3) < 0.03
+    assert all(translated_frame(i, 1.0) for i in range(50)) and not any(translated_frame(i, 0.0) for i in range(50))
+    assert picked[:8].any() and not picked[:8].all()  # spread out, not a block
 
 
 def test_split_by_scene_keeps_scenes_whole(rendered):
