@@ -6,6 +6,8 @@ that a top-down grasp centred there succeeds (``quality``), the opening in metre
 :func:`decode_grasp` picks the best (angle bin, pixel) whose grasp, back-projected at its
 own fingertip height, lies inside the calibration's workspace. Nothing outside the
 workspace is ever returned: that is the service's and the loop's safety guarantee.
+With ``rule`` (an artifact's ``decode.rule``) only grasps that fit the predicted
+``surface`` by the grasp rule of :mod:`perception.rule` are candidates.
 """
 
 from __future__ import annotations

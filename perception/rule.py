@@ -75,7 +75,7 @@ def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_h
     if region is not None:
         mask &= np.asarray(region, dtype=bool)
     if int(min_object_px) > 1 and mask.any():
-        n, lab, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+        _, lab, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
         small = stats[:, cv2.CC_STAT_AREA] < int(min_object_px)
         small[0] = True  # the background
         mask &= ~small[lab]
@@ -83,9 +83,9 @@ def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_h
 
 
 @functools.lru_cache(maxsize=8)
-def _profile_offsets(angle_bins: int, px_m: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cell offsets ``du, dv (A, 3 lanes, O)`` of the cross-section samples, and the
-    offsets along the closing line in metres ``(O,)``."""
+def _profile_offsets(angle_bins: int, px_m: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cell offsets ``du, dv (A, 3 lanes, O)`` of the cross-section samples: ``O`` steps of
+    one cell along the closing line, three lanes across the finger depth."""
     half_span = GRIPPER_MAX_WIDTH / 2 + 2 * GRIPPER_FINGER_HALF_THICKNESS + 0.01
     n = int(np.ceil(half_span / px_m))
     steps = np.arange(-n, n + 1, dtype=np.float64)
@@ -94,7 +94,7 @@ def _profile_offsets(angle_bins: int, px_m: float) -> tuple[np.ndarray, np.ndarr
     across = np.stack([-along[:, 1], along[:, 0]], axis=1)
     lanes = np.array([-GRIPPER_FINGER_HALF_DEPTH, 0.0, GRIPPER_FINGER_HALF_DEPTH]) / px_m
     pts = steps[None, None, :, None] * along[:, None, None, :] + lanes[None, :, None, None] * across[:, None, None, :]
-    return np.rint(pts[..., 0]).astype(np.int64), np.rint(pts[..., 1]).astype(np.int64), steps * px_m
+    return np.rint(pts[..., 0]).astype(np.int64), np.rint(pts[..., 1]).astype(np.int64)
 
 
 class RuleMaps(NamedTuple):
@@ -141,7 +141,7 @@ def fitting_grasps(
     if cv.size == 0:
         return RuleMaps(fits, width, tip, unseen_map)
     step = round(float(px_m), 9)  # a grid's spacing from coordinate differences carries rounding noise
-    du, dv, _ = _profile_offsets(A, step)
+    du, dv = _profile_offsets(A, step)
     # Samples outside the grid are free (the view covers the workspace and a margin).
     su = cu[:, None, None, None] + du[None]
     sv = cv[:, None, None, None] + dv[None]  # (cell, bin, lane, offset)

@@ -129,11 +129,13 @@ def test_nan_maps_never_give_a_grasp(artifact_dir, calib):
     kind=st.sampled_from(["table", "camera"]),
     neighbourhood=st.sampled_from([0, 1, 2]),
     width_margin=st.sampled_from([0.0, 0.02, 0.08]),
+    rule=st.sampled_from([None, {}, {"quality_power": 0.0, "support_px": 0}]),
 )
 def test_decode_property_never_outside_workspace(calib, seed, threshold, margin, scale, angle_bins, kind,
-                                                 neighbourhood, width_margin):
-    """Over random maps, both view kinds and the decode options, a returned grasp is always
-    inside the workspace, with a normalised yaw and an opening the gripper can make."""
+                                                 neighbourhood, width_margin, rule):
+    """Over random maps, both view kinds and the decode options (the grasp rule on a random
+    surface included), a returned grasp is always inside the workspace, with a normalised
+    yaw and an opening the gripper can make."""
     from perception.geometry import make_view
 
     view = make_view(calib, (40, 32), kind)
@@ -141,8 +143,11 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
     q = rng.random((angle_bins, 32, 40)).astype(np.float32)
     width = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
     height = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
+    surface = (rng.random((32, 40)) * rng.choice([0.0, 0.03, 0.1])).astype(np.float32)
+    if rule is not None and kind != "table":
+        rule = None  # the rule needs a top-down view (refused otherwise: test_rule.py)
     dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin,
-                       neighbourhood_px=neighbourhood, width_margin=width_margin)
+                       neighbourhood_px=neighbourhood, width_margin=width_margin, surface=surface, rule=rule)
     if dec.grasp is None:
         assert dec.reason
         return
