@@ -54,6 +54,9 @@ class Stages:
         marker = d / "stage.json"
         if self.reuse and marker.is_file():
             rec = json.loads(marker.read_text())
+            if rec.get("dir") and rec["dir"] != str(d):
+                # The output folder was moved or copied: the result's paths follow it.
+                rec["result"] = _rebase_paths(rec["result"], rec["dir"], str(d))
             rec["reused"] = True
             self.records[name] = rec
             log.info("stage %-8s reused %s", name, d)
@@ -65,11 +68,23 @@ class Stages:
         t0 = time.perf_counter()
         result = fn(d)
         wall = time.perf_counter() - t0
-        rec = {"stage": name, "hash": h, "payload": payload, "result": result, "wall_s": wall, "reused": False}
+        rec = {"stage": name, "hash": h, "dir": str(d), "payload": payload, "result": result, "wall_s": wall,
+               "reused": False}
         atomic_write_text(marker, json.dumps(rec, indent=1, default=str) + "\n")
         self.records[name] = rec
         log.info("stage %-8s done in %.1f s", name, wall)
         return d, result, h
+
+
+def _rebase_paths(obj: Any, old: str, new: str) -> Any:
+    """``obj`` with every string path under the folder ``old`` moved under ``new``."""
+    if isinstance(obj, dict):
+        return {k: _rebase_paths(v, old, new) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rebase_paths(v, old, new) for v in obj]
+    if isinstance(obj, str) and (obj == old or obj.startswith(old.rstrip("/") + "/")):
+        return new + obj[len(old):]
+    return obj
 
 
 def _plain(node: Any) -> Any:

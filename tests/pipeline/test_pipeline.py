@@ -161,3 +161,20 @@ def test_rerun_reuses_every_stage_and_task_consistency_builds_on_them(tiny_run):
     meta = json.loads((out / "artifact" / "metadata.json").read_text())
     assert rep["policy"]["artifact"] == tc["policy"]["artifact"]
     assert meta["training"]["global_step"] >= 1
+
+
+def test_a_moved_output_folder_is_reused_from_its_new_place(tiny_run, tmp_path):
+    """Stage results name files inside their stage folder; after the output folder is
+    copied elsewhere a rerun reuses every stage and reads the copies, not the original."""
+    import shutil
+
+    from perception.calibration import default_calibration_path
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_run["out"], moved)
+    _run("sim2real-pipeline", f"calibration={default_calibration_path()}", f"real_dir={tiny_run['real']}",
+         f"output_dir={moved}", "budget=tiny", "seed=0")
+    rep = json.loads((moved / "report.json").read_text())
+    assert all(s["reused"] for s in rep["stages"].values()), rep["stages"]
+    assert Path(rep["policy"]["artifact"]).is_relative_to(moved)
+    assert Path(rep["policy"]["checkpoint"]).is_relative_to(moved)
