@@ -53,6 +53,8 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     if kind not in ("table", "camera"):
         raise ValueError(f"policy.view.kind must be 'table' or 'camera', got {kind!r}")
     rule = (pcfg.get("decode") or {}).get("rule")
+    if rule is not None and not isinstance(rule, (dict, DictConfig)):
+        raise ValueError(f"policy.decode.rule must be a mapping of rule options or null, got {rule!r}")
     if rule is not None and kind != "table":
         raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
                          "set policy.decode.rule=null for a camera view")

@@ -41,6 +41,8 @@ def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_pat
         check_policy_config(_cfg(["policy.view.kind=camera", "+policy.decode.rule={support_px: 1}"]))
     with pytest.raises(ValueError, match="unknown keys"):
         check_policy_config(_cfg(["+policy.decode.rule={support: 1}"]))
+    with pytest.raises(ValueError, match="mapping"):
+        check_policy_config(_cfg(["+policy.decode.rule=yes"]))
     check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}"]))  # a table view takes it
     assert not (tmp_path / "a").exists()
 
