@@ -41,7 +41,7 @@ import numpy as np
 from perception.calibration import Calibration, CalibrationError
 from perception.geometry import NetworkView
 from perception.preprocess import preprocess, to_network_input
-from perception.rule import DEFAULT_RULE
+from perception.rule import rule_options
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -143,20 +143,11 @@ def _decode_options(d: Any) -> dict:
         raise ArtifactError(f"artifact metadata field 'decode' must hold numbers: {exc}") from exc
     if out["neighbourhood_px"] < 0 or not 0.0 <= out["width_margin"] <= 1.0:
         raise ArtifactError("artifact metadata field 'decode': neighbourhood_px must be >= 0, width_margin in [0, 1] m")
-    rule = d.get("rule")
-    if rule is not None:
-        if not isinstance(rule, dict):
-            raise ArtifactError("artifact metadata field 'decode.rule' must be an object or null")
-        unknown = set(rule) - set(DEFAULT_RULE)
-        if unknown:
-            raise ArtifactError(f"artifact metadata field 'decode.rule' has unknown keys {sorted(unknown)}")
+    if d.get("rule") is not None:
         try:
-            rule = {k: type(DEFAULT_RULE[k])(v) for k, v in rule.items()}
-        except (TypeError, ValueError) as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.rule' must hold numbers: {exc}") from exc
-        if not all(math.isfinite(v) and v >= 0 for v in rule.values()):
-            raise ArtifactError("artifact metadata field 'decode.rule' must hold finite numbers >= 0")
-        out["rule"] = rule
+            out["rule"] = rule_options(d["rule"])
+        except ValueError as exc:
+            raise ArtifactError(f"artifact metadata field 'decode.rule': {exc}") from exc
     return out
 
 

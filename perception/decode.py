@@ -22,7 +22,7 @@ from perception.calibration import Calibration
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.geometry import NetworkView, project_points, view_pixels_to_base
 from perception.grasp import Grasp, angle_bin_centers, view_grasp_to_base
-from perception.rule import DEFAULT_RULE, fitting_grasps, object_cells, support_score
+from perception.rule import DEFAULT_RULE, fitting_grasps, object_cells, rule_options, support_score
 
 __all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
 
@@ -207,10 +207,7 @@ def _apply_rule(
     q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``."""
-    opt = {**DEFAULT_RULE, **dict(rule)}
-    unknown = set(opt) - set(DEFAULT_RULE)
-    if unknown:
-        raise ValueError(f"unknown grasp rule options {sorted(unknown)}; known: {sorted(DEFAULT_RULE)}")
+    opt = {**DEFAULT_RULE, **rule_options(rule)}
     if not view.is_table:
         raise ValueError("the grasp rule needs a top-down view (view kind 'table'); this view is a camera view")
     if surface is None:

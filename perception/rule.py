@@ -25,7 +25,9 @@ pixel axes (from ``+u`` towards ``+v``), as the view's angle bins are.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -38,7 +40,7 @@ from perception.frames import (
 )
 
 __all__ = [
-    "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "object_cells",
+    "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
     "fitting_grasps", "support_score",
 ]
 
@@ -60,6 +62,29 @@ DEFAULT_RULE: dict[str, float] = {
     "bin_weight": 0.5,  # ... and, at this weight, in the neighbouring angle bins
     "quality_power": 1.0,  # score = support * quality ** power (0: the rule alone)
 }
+
+
+def rule_options(rule: Any) -> dict:
+    """Validated grasp-rule options: the given keys of :data:`DEFAULT_RULE`, typed as there.
+
+    The one check of the option mapping, for the decode, the artifact's ``decode.rule`` and
+    the policy config.
+
+    Raises:
+        ValueError: not a mapping, unknown keys, or values that are not finite numbers >= 0.
+    """
+    if not isinstance(rule, Mapping):
+        raise ValueError(f"grasp rule options must be a mapping or null, got {rule!r}")
+    unknown = set(rule) - set(DEFAULT_RULE)
+    if unknown:
+        raise ValueError(f"unknown grasp rule options: unknown keys {sorted(unknown)}; known: {sorted(DEFAULT_RULE)}")
+    try:
+        out = {str(k): type(DEFAULT_RULE[k])(v) for k, v in rule.items()}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"grasp rule options must be numbers: {exc}") from exc
+    if not all(math.isfinite(v) and v >= 0 for v in out.values()):
+        raise ValueError("grasp rule options must be finite numbers >= 0")
+    return out
 
 
 def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_height: float = OBJECT_HEIGHT,

@@ -53,17 +53,17 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     if kind not in ("table", "camera"):
         raise ValueError(f"policy.view.kind must be 'table' or 'camera', got {kind!r}")
     rule = (pcfg.get("decode") or {}).get("rule")
-    if rule is not None and not isinstance(rule, (dict, DictConfig)):
-        raise ValueError(f"policy.decode.rule must be a mapping of rule options or null, got {rule!r}")
-    if rule is not None and kind != "table":
+    if rule is None:
+        return
+    from perception.rule import rule_options
+
+    try:
+        rule_options(rule)
+    except ValueError as exc:
+        raise ValueError(f"policy.decode.rule: {exc}") from exc
+    if kind != "table":
         raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
                          "set policy.decode.rule=null for a camera view")
-    if rule is not None:
-        from perception.rule import DEFAULT_RULE
-
-        unknown = set(rule) - set(DEFAULT_RULE)
-        if unknown:
-            raise ValueError(f"policy.decode.rule has unknown keys {sorted(unknown)}; known: {sorted(DEFAULT_RULE)}")
 
 
 def _float_metrics(metrics: dict) -> dict[str, float]:
