@@ -6,6 +6,8 @@
    lights, distractors, distortion, sensor effects) against raw ``getCameraImage`` of
    the same scene. 128x128 is a square camera cut from the packaged one (same focal
    length), scaled to 128 px.
+1b. Milliseconds per frame at the pipeline's render size with the natural-image surface
+   textures, Bayer mosaic and sharpening (issue 11) against the same profile without them.
 2. Two render workers against one (scenes/s of ``sim2real-render``, same data).
 3. Physics-verified grasp labels per core-second, end to end (scene building
    included), against PyBullet's ``KukaDiverseObjectEnv`` episode loop (needs
@@ -33,7 +35,7 @@ from sim_render.api import render_config, render_dataset
 from sim_render.camera import raw_getcamera_fps
 from sim_render.labels import label_grasps
 from sim_render.randomization import render_randomized
-from sim_render.scene import SceneRenderer
+from sim_render.scene import SceneRenderer, render_size
 from sim_render.sensor import as_plain
 
 
@@ -67,6 +69,37 @@ def bench_frames(n: int) -> dict:
         full_t += time.perf_counter() - t0
     raw_fps, full_fps = 5 * n / raw_t, 5 * n / full_t
     return {"raw_fps": raw_fps, "randomized_fps": full_fps, "ratio": full_fps / raw_fps}
+
+
+def _without_new_randomization(plain: dict) -> dict:
+    """The profile as it was before natural-image textures and the CFA/ISP stages (issue 11)."""
+    off = {k: v for k, v in plain.items() if k != "surface_textures"}
+    off["sensor"] = {**plain["sensor"], "bayer_prob": 0.0, "sharpen": [0.0, 0.0]}
+    return off
+
+
+def bench_new_randomization(n: int) -> dict:
+    """Per-frame cost of the randomization with and without the surface textures, Bayer
+    mosaic and sharpening, at the pipeline's render size, interleaved in rounds."""
+    calib = Calibration.load(default_calibration_path())
+    cfg = render_config(tempfile.mkdtemp(), 1).render
+    sr = SceneRenderer(calib, cfg, seed=0)
+    sr.build_scene(1)
+    st = sr._setup()
+    client, bodies = st["cell"].client, st["cell"].bodies
+    on = dict(as_plain(cfg))
+    off = _without_new_randomization(on)
+    times = {"off": 0.0, "on": 0.0}
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        for name, plain in (("off", off), ("on", on)):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                render_randomized(client, bodies, calib, rng, plain)
+            times[name] += time.perf_counter() - t0
+    ms = {k: 1000 * v / (5 * n) for k, v in times.items()}
+    return {"frame_ms_off": ms["off"], "frame_ms_on": ms["on"], "ratio": ms["on"] / ms["off"],
+            "render_size": list(render_size(calib, float(cfg.resolution_scale)))}
 
 
 def bench_workers(n_scenes: int) -> dict:
@@ -179,6 +212,8 @@ def main() -> None:
     res: dict = {}
     res["frames_128"] = bench_frames(10 if q else 40)
     print("1. frames/s at 128x128:", json.dumps(res["frames_128"]))
+    res["new_randomization"] = bench_new_randomization(4 if q else 20)
+    print("1b. natural textures + CFA/ISP, off vs on:", json.dumps(res["new_randomization"]))
     res["workers"] = bench_workers(4 if q else 24)
     print("2. two workers vs one:", json.dumps(res["workers"]))
     labels = bench_labels(3 if q else 12)

@@ -426,6 +426,7 @@ def _eval_profile(profile: DictConfig | dict, render_scale: float | None) -> Dic
     )
     cfg.object_split = "test"
     cfg.frames_per_scene = 1
+    cfg.empty_scene_prob = 0.0  # an episode needs objects to grasp; an empty bin is no episode
     if render_scale is not None:
         cfg.resolution_scale = float(render_scale)
     return cfg

@@ -39,6 +39,13 @@ from perception.calibration import Calibration
 from perception.geometry import project_points
 from sim_render.camera import RENDERERS, render_camera
 from sim_render.sensor import SENSOR_KEYS, apply_sensor, as_plain, draw_range
+from sim_render.surfaces import (
+    NEUTRAL_ALBEDO,
+    apply_surface_textures,
+    masks_for,
+    sample_surface_textures,
+    validate_surface_textures,
+)
 from sim_render.textures import MAX_TEXTURES_PER_CLIENT, TEXTURES, texture_pool
 
 __all__ = [
@@ -213,6 +220,10 @@ def validate_profile(cfg: Mapping) -> None:
         problems.append(f"distractors.shapes has unknown {unknown_shapes}; known: {list(_DISTRACTOR_SHAPES)}")
     for key in (*_PER_OBJECT, *_PER_SCENE):
         check_range(cfg["physics"], key, "physics", 0.0)
+    if cfg.get("surface_textures") is not None:
+        problems += validate_surface_textures(cfg["surface_textures"])
+    if not 0.0 <= float(cfg.get("empty_scene_prob", 0.0)) <= 1.0:
+        problems.append("empty_scene_prob must be a probability in [0, 1]")
     if problems:
         raise ValueError(f"render profile '{cfg.get('name')}' is invalid:\n  " + "\n  ".join(problems))
 
@@ -323,6 +334,27 @@ def apply_visuals(client: Any, bodies: SceneBodies, rng: np.random.Generator, cf
     params = sample_visuals(rng, cfg, len(bodies.objects))
     apply_visual_params(client, bodies, params)
     return params
+
+
+def _neutral_where_textured(visuals: dict, drawn: dict) -> None:
+    """Render surfaces that get an image-space texture in neutral grey, untextured.
+
+    :func:`sim_render.surfaces.apply_surface_textures` then measures their shading
+    from the grey and multiplies the texture in.
+    """
+    grey = [NEUTRAL_ALBEDO] * 3 + [1.0]
+    if drawn.get("floor") is not None and drawn["table"] is None:
+        # The floor is cut out of the table, so the whole table renders grey; the rest
+        # of it gets its drawn colour back in image space (its PyBullet texture is dropped).
+        drawn["table_flat"] = [float(v) for v in visuals["table"]["rgba"][:3]]
+        visuals["table"]["rgba"] = list(grey)
+        visuals["table"]["texture"] = None
+    pairs = [(visuals["table"], drawn["table"]), (visuals["bin"], drawn["bin"])]
+    pairs += list(zip(visuals["objects"], drawn["objects"]))
+    for surface, texture in pairs:
+        if texture is not None:
+            surface["rgba"] = list(grey)
+            surface["texture"] = None
 
 
 # ------------------------------------------------------------------ lighting
@@ -631,7 +663,8 @@ def render_randomized(
 ) -> RenderedFrame:
     """Randomize the look of a settled scene and render one raw frame.
 
-    Order of draws: camera, visuals, lighting, distractors, sensor.
+    Order of draws: camera, visuals, surface textures (profiles with a
+    ``surface_textures`` section only), lighting, distractors, sensor.
 
     Args:
         client: the ``BulletClient`` holding the scene.
@@ -645,7 +678,15 @@ def render_randomized(
     """
     cfg = as_plain(cfg)
     camera, cam_params = sample_camera(nominal, rng, cfg["camera"])
-    visuals = apply_visuals(client, bodies, rng, cfg)
+    surface_cfg = cfg.get("surface_textures")
+    if surface_cfg is None:
+        visuals = apply_visuals(client, bodies, rng, cfg)
+        drawn = None
+    else:
+        visuals = sample_visuals(rng, cfg, len(bodies.objects))
+        drawn = sample_surface_textures(rng, surface_cfg, len(bodies.objects))
+        _neutral_where_textured(visuals, drawn)
+        apply_visual_params(client, bodies, visuals)
     lighting = sample_lighting(rng, cfg["lighting"])
     distractors: list[dict] = []
     ids = add_distractors(client, camera, rng, cfg, table=bodies.table, params_out=distractors)
@@ -657,6 +698,10 @@ def render_randomized(
         )
     finally:
         remove_bodies(client, ids)
+    if drawn is not None:
+        rgb = apply_surface_textures(
+            rgb, depth, masks_for(seg, bodies), scaled, drawn, surface_cfg, cfg["colors"]
+        )
     rgb, sensor = apply_sensor(rgb, rng, cfg["sensor"], pixel_scale=size[0] / nominal.width)
     params = {
         "camera": cam_params,
@@ -665,4 +710,6 @@ def render_randomized(
         "distractors": distractors,
         "sensor": sensor,
     }
+    if drawn is not None:
+        params["surface_textures"] = drawn
     return RenderedFrame(rgb=rgb, depth=depth, seg_raw=seg, camera=scaled, params=params, distractor_ids=ids)

@@ -38,6 +38,8 @@ from sim_render.objects import object_urdfs
 __all__ = ["SceneRenderer", "render_size", "scene_streams", "project_labels"]
 #: Streams spawned from a scene's SeedSequence, in this order.
 _STREAMS = ("objects", "physics", "grasps", "visuals")
+# Third word of the SeedSequence that decides whether a scene is an empty bin.
+_EMPTY_SCENE_KEY = 0xE3
 
 
 def render_size(calib: Calibration, scale: float) -> tuple[int, int]:
@@ -140,7 +142,7 @@ class SceneRenderer:
         lo, hi = cfg.objects_per_scene
         self.reset_world()
         ids: list[int] = []
-        for _attempt in range(5):
+        for _attempt in range(0 if self.is_empty(scene) else 5):
             n = int(rngs["objects"].integers(lo, hi + 1))
             picks = rngs["objects"].choice(len(st["urdfs"]), size=n, replace=False)
             ids = cell.drop_objects(
@@ -158,6 +160,18 @@ class SceneRenderer:
             "physics": physics,
         }
         return rngs, params
+
+    def is_empty(self, scene: int) -> bool:
+        """Whether ``scene`` is an empty bin (``empty_scene_prob`` of the profile).
+
+        Drawn from a generator of its own, so profiles without empty scenes keep every
+        other stream, and the scenes that are not empty are the same with or without it.
+        """
+        prob = float(self._setup()["cfg"].get("empty_scene_prob", 0.0))
+        if prob <= 0.0:
+            return False
+        rng = np.random.default_rng(np.random.SeedSequence([int(self.seed), int(scene), _EMPTY_SCENE_KEY]))
+        return bool(rng.random() < prob)
 
     def label_scene(self, rngs: dict[str, np.random.Generator], physics: dict) -> list[LabelledGrasp]:
         st = self._setup()

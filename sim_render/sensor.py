@@ -20,6 +20,13 @@ drawn uniformly, a degenerate range meaning a fixed value):
   8-bit level of intensity (std = sqrt(shot_noise * I)).
 - ``jpeg_prob``: probability of a JPEG round trip; ``jpeg_quality``: OpenCV
   quality 0-100.
+- ``bayer_prob``: probability that the frame goes through a colour filter array: the
+  optics' image is sampled on an RGGB mosaic (one colour per photosite), the noise is
+  added there, and one of OpenCV's demosaicing methods (bilinear, edge-aware, VNG)
+  rebuilds RGB, with the zipper and false-colour artefacts of a real pipeline.
+- ``sharpen``: unsharp-mask amount of the ISP (0: none, unitless), with radius
+  ``sharpen_sigma`` (Gaussian sigma, px at calibration resolution): the halos at edges
+  that most camera pipelines add.
 """
 
 from __future__ import annotations
@@ -50,7 +57,12 @@ SENSOR_KEYS = (
     "shot_noise",
     "jpeg_prob",
     "jpeg_quality",
+    "bayer_prob",
+    "sharpen",
+    "sharpen_sigma",
 )
+#: OpenCV's demosaicing methods for an RGGB mosaic (OpenCV 4 names, kept in OpenCV 5).
+_DEMOSAIC = (cv2.COLOR_BayerBG2RGB, cv2.COLOR_BayerBG2RGB_EA, cv2.COLOR_BayerBG2RGB_VNG)
 # cv2.setRNGSeed takes a 32-bit int.
 _NOISE_SEED_MAX = 2**31 - 1
 # Effects below these sizes change no 8-bit pixel: skip them.
@@ -138,6 +150,14 @@ def _radius2(h: int, w: int) -> np.ndarray:
     return r2
 
 
+def _mosaic(x: np.ndarray) -> np.ndarray:
+    """Sample ``(H, W, 3)`` RGB on an RGGB colour filter array: ``(H, W)``, one colour a photosite."""
+    out = x[..., 1].copy()
+    out[0::2, 0::2] = x[0::2, 0::2, 0]
+    out[1::2, 1::2] = x[1::2, 1::2, 2]
+    return out
+
+
 def _motion_kernel(length: float, angle: float) -> np.ndarray:
     """Normalised line kernel of ``length`` px at ``angle`` rad."""
     k = int(np.ceil(length)) | 1
@@ -195,6 +215,10 @@ def apply_sensor(
         "noise_seed": int(rng.integers(0, _NOISE_SEED_MAX)),
         "jpeg": bool(rng.random() < float(cfg["jpeg_prob"])),
         "jpeg_quality": int(round(draw_range(rng, cfg["jpeg_quality"]))),
+        "bayer": bool(rng.random() < float(cfg["bayer_prob"])),
+        "demosaic": int(rng.integers(len(_DEMOSAIC))),
+        "sharpen": draw_range(rng, cfg["sharpen"]),
+        "sharpen_sigma": draw_range(rng, cfg["sharpen_sigma"]) * pixel_scale,
     }
     return apply_sensor_params(img, params), params
 
@@ -212,7 +236,8 @@ def apply_sensor_params(img: np.ndarray, q: dict) -> np.ndarray:
     h, w = img.shape[:2]
     blur = q["blur"] and (q["defocus_sigma"] >= _MIN_BLUR_PX or q["motion_length"] >= _MIN_MOTION_PX)
     noisy = q["read_noise"] > 0 or q["shot_noise"] > 0
-    if q["vignetting"] > 0 or blur or noisy:
+    bayer = bool(q.get("bayer", False))  # parameters stored before the mosaic existed replay without it
+    if q["vignetting"] > 0 or blur or noisy or bayer:
         x = img.astype(np.float32)
         if q["vignetting"] > 0:
             x *= 1.0 - np.float32(q["vignetting"]) * _radius2(h, w)
@@ -222,6 +247,8 @@ def apply_sensor_params(img: np.ndarray, q: dict) -> np.ndarray:
             x = cv2.filter2D(
                 x, -1, _motion_kernel(q["motion_length"], q["motion_angle"]), borderType=cv2.BORDER_REFLECT
             )
+        if bayer:
+            x = _mosaic(x)
         if noisy:
             # OpenCV's seeded generator: 3x faster than numpy's normals, the frame
             # cost that matters most here (it reseeds this thread's cv2 RNG).
@@ -231,6 +258,8 @@ def apply_sensor_params(img: np.ndarray, q: dict) -> np.ndarray:
             std = np.sqrt(np.float32(q["read_noise"]) ** 2 + np.float32(q["shot_noise"]) * np.maximum(x, 0.0))
             x += std * gauss
         img = np.clip(x + 0.5, 0, 255).astype(np.uint8)
+        if bayer:
+            img = cv2.cvtColor(img, _DEMOSAIC[int(q["demosaic"]) % len(_DEMOSAIC)])
     else:
         img = img.copy()
     gains = tuple(q["white_balance"])
@@ -239,6 +268,10 @@ def apply_sensor_params(img: np.ndarray, q: dict) -> np.ndarray:
     if q["saturation"] != 1.0:
         gray = cv2.cvtColor(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
         img = cv2.addWeighted(img, q["saturation"], gray, 1.0 - q["saturation"], 0.0)
+    amount = float(q.get("sharpen", 0.0))
+    if amount > 0 and float(q.get("sharpen_sigma", 0.0)) >= _MIN_BLUR_PX:
+        soft = cv2.GaussianBlur(img, (0, 0), float(q["sharpen_sigma"]), borderType=cv2.BORDER_REFLECT)
+        img = cv2.addWeighted(img, 1.0 + amount, soft, -amount, 0.0)
     if q["jpeg"]:
         ok, buf = cv2.imencode(
             ".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q["jpeg_quality"]]

@@ -1,0 +1,195 @@
+"""Transfer to a cell the project never trained in: the validation cell's whole loop, as a table.
+
+    .venv/bin/python benchmarks/transfer.py --cell ../shared/validation-cell --work /tmp/transfer \
+        [--checkout .] [--cells 0 1] [--budget small] [--adaptations cyclegan none] \
+        [--no-baselines] [--episodes 30] [--write]
+    .venv/bin/python benchmarks/transfer.py --summaries /tmp/transfer/cell0 /tmp/transfer/cell1 [--write]
+
+For each cell seed it runs the cell's ``run_all.sh CHECKOUT WORK/cellN BUDGET`` (which
+installs the checkout the way the README says, runs ``sim2real-pipeline`` per adaptation
+setting, serves each artifact and drives the closed-loop evaluation through the contract,
+then the cell's reference policies), one cell after the other: two heavy jobs side by
+side would measure neither. ``--summaries`` builds the table from finished runs instead.
+
+The cell is a development proxy, not the acceptance test: nothing here imports or reads
+its code, only the JSON its scripts print. Every rate comes with its attempts and a
+Wilson 95% interval; ``cyclegan - none`` is pooled over the cells, with a Newcombe
+(Wilson-based) interval of the difference. ``--write`` puts the table into
+``docs/benchmarks.md`` between ``<!-- transfer:begin -->`` and ``<!-- transfer:end -->``.
+
+Not part of ``.ci/run``: a ``budget=small`` cell takes about 20 minutes per adaptation
+setting on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- transfer:begin -->", "<!-- transfer:end -->"
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of ``k`` successes in ``n`` trials (fractions)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float, float]:
+    """Difference ``p1 - p2`` and its Newcombe hybrid-score 95% interval."""
+    p1, p2 = k1 / max(n1, 1), k2 / max(n2, 1)
+    l1, u1 = wilson(k1, n1)
+    l2, u2 = wilson(k2, n2)
+    d = p1 - p2
+    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
+def run_cell(cell: Path, checkout: Path, work: Path, seed: int, args: argparse.Namespace, first: Path | None) -> Path:
+    """One cell's ``run_all.sh``; later cells reuse the first cell's project venv."""
+    out = work / f"cell{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CELL_SEED=str(seed), ADAPTATIONS=" ".join(args.adaptations),
+               BASELINES="1" if args.baselines else "0", EPISODES=str(args.episodes))
+    if first is not None and (first / "venv" / "bin" / "python").exists() and not (out / "venv").exists():
+        (out / "venv").symlink_to(first / "venv")  # an editable install of the same checkout
+        env["INSTALL"] = "0"
+    cmd = ["bash", str(cell / "run_all.sh"), str(checkout), str(out), args.budget]
+    print(f"[transfer] cell {seed}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    with open(out / "run_all.log", "w") as log:
+        subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if not (out / "summary.json").exists():
+        raise SystemExit(f"cell {seed}: run_all.sh wrote no summary.json (see {out / 'run_all.log'})")
+    return out
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def rows_of(run: Path) -> tuple[int | None, list[dict]]:
+    """Table rows of one finished cell run (its ``summary.json``)."""
+    s = _load(run / "summary.json")
+    if s is None:
+        raise SystemExit(f"{run}: no readable summary.json")
+    seed = None
+    frames = s.get("frames") or {}
+    if isinstance(frames, dict):
+        seed = frames.get("cell_seed", frames.get("cell"))
+    rows = []
+    for name, r in (s.get("runs") or {}).items():
+        ev = r.get("evaluate") or {}
+        pipe = r.get("pipeline") or {}
+        rows.append({
+            "policy": name, "attempts": ev.get("attempts") or 0, "successes": ev.get("successes") or 0,
+            "null": ev.get("null_answers"), "empty": _empty_bin(run / f"eval_{name}.json"),
+            "seconds": pipe.get("seconds"), "rc": pipe.get("rc"),
+        })
+    for name, ev in (s.get("reference_policies") or {}).items():
+        rows.append({"policy": name, "attempts": ev.get("attempts") or 0, "successes": ev.get("successes") or 0,
+                     "null": None, "empty": None, "seconds": None, "rc": None})
+    return seed, rows
+
+
+def _empty_bin(path: Path) -> tuple[int, int] | None:
+    """(null answers, queries) on the empty bin, sent once after each cleared episode."""
+    ev = _load(path)
+    summary = (ev or {}).get("summary") or {}
+    if "empty_bin_queries" not in summary:
+        return None
+    return int(summary.get("empty_bin_null") or 0), int(summary["empty_bin_queries"])
+
+
+def _fmt_rate(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} = {100 * k / max(n, 1):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def table(runs: list[Path]) -> str:
+    lines = ["| cell | policy | success / attempts [Wilson 95%] | null answers | empty bin answered null | pipeline s |",
+             "|---|---|---|---|---|---|"]
+    pooled: dict[str, list[int]] = {}
+    for run in runs:
+        seed, rows = rows_of(run)
+        label = str(seed) if seed is not None else run.name
+        for r in rows:
+            empty = "" if r["empty"] is None else f"{r['empty'][0]}/{r['empty'][1]}"
+            secs = "" if r["seconds"] is None else f"{float(r['seconds']):.0f}" + ("" if r["rc"] == 0 else f" (rc {r['rc']})")
+            null = "" if r["null"] is None else str(r["null"])
+            lines.append(f"| {label} | {r['policy']} | {_fmt_rate(r['successes'], r['attempts'])} | {null} | {empty} | {secs} |")
+            acc = pooled.setdefault(r["policy"], [0, 0])
+            acc[0] += r["successes"]
+            acc[1] += r["attempts"]
+    if len(runs) > 1:
+        for name, (k, n) in pooled.items():
+            lines.append(f"| pooled | {name} | {_fmt_rate(k, n)} | | | |")
+    if "cyclegan" in pooled and "none" in pooled:
+        d, lo, hi = newcombe(*pooled["cyclegan"], *pooled["none"])
+        lines.append(f"\n`cyclegan - none`, pooled: {100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}] (Newcombe 95%)")
+    return "\n".join(lines)
+
+
+def write_doc(text: str, command: str) -> None:
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "unknown"
+    block = (f"{BEGIN}\nCommand: `{command}` (commit `{commit}`, {datetime.date.today().isoformat()}).\n\n"
+             f"{text}\n{END}")
+    doc = DOC.read_text()
+    if BEGIN in doc and END in doc:
+        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):]
+    else:
+        doc = doc.rstrip() + "\n\n## Transfer: the validation cells (`benchmarks/transfer.py`)\n\n" + block + "\n"
+    tmp = DOC.with_suffix(".md.tmp")
+    tmp.write_text(doc)
+    tmp.replace(DOC)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cell", type=Path, help="the validation cell's folder (holds run_all.sh)")
+    ap.add_argument("--work", type=Path, help="where each cell's run goes (WORK/cellN)")
+    ap.add_argument("--checkout", type=Path, default=ROOT, help="the project checkout to install and run")
+    ap.add_argument("--cells", type=int, nargs="+", default=[0, 1], help="cell seeds (develop on 0-2)")
+    ap.add_argument("--budget", default="small", choices=["tiny", "small", "full"])
+    ap.add_argument("--adaptations", nargs="+", default=["cyclegan", "none"])
+    ap.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip oracle, oracle-geom, random")
+    ap.add_argument("--episodes", type=int, default=30)
+    ap.add_argument("--summaries", type=Path, nargs="+", help="finished runs (folders with summary.json): no run")
+    ap.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
+    args = ap.parse_args()
+    if args.summaries:
+        runs = list(args.summaries)
+    else:
+        if args.cell is None or args.work is None:
+            ap.error("--cell and --work are needed to run (or give --summaries)")
+        if not (args.cell / "run_all.sh").exists():
+            ap.error(f"{args.cell} has no run_all.sh: pass the validation cell's folder")
+        if any(ch in str(args.work.resolve()) for ch in " ,="):
+            ap.error("--work must not contain spaces, commas or '=' (paths travel as Hydra overrides)")
+        runs, first = [], None
+        for seed in args.cells:
+            runs.append(run_cell(args.cell.resolve(), args.checkout.resolve(), args.work.resolve(), seed, args, first))
+            first = first or runs[0]
+    text = table(runs)
+    print(text)
+    if args.write:
+        write_doc(text, "python benchmarks/transfer.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
