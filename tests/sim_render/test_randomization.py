@@ -119,13 +119,22 @@ def test_validate_profile_names_bad_fields():
 
 
 # -------------------------------------------------------------- determinism
+def _by_order(frame) -> np.ndarray:
+    seg = frame.seg_raw.copy()
+    for k, body in enumerate(frame.distractor_ids):
+        seg[frame.seg_raw == body] = -100 - k
+    return seg
+
+
 def test_same_seed_same_frame(scene, calib):
     client, bodies = scene
     cfg = _profile("randomized", resolution_scale=TEST_SCALE)
     a = render_randomized(client, bodies, calib, _rng(3), cfg)
     b = render_randomized(client, bodies, calib, _rng(3), cfg)
     np.testing.assert_array_equal(a.rgb, b.rgb)
-    np.testing.assert_array_equal(a.seg_raw, b.seg_raw)
+    # PyBullet hands out the ids of removed bodies again, in its own order: compare the
+    # distractors by their place in distractor_ids (the dataset maps them all to one label).
+    np.testing.assert_array_equal(_by_order(a), _by_order(b))
     assert json.dumps(a.params) == json.dumps(b.params)
     c = render_randomized(client, bodies, calib, _rng(4), cfg)
     assert not np.array_equal(a.rgb, c.rgb)
