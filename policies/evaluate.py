@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 
 #: Evaluation scenes come from ``SeedSequence([EVAL_SEED_BASE + seed, episode])``.
 EVAL_SEED_BASE = 1_000_000
+#: Added to the evaluation seed for the empty-bin frames, so they are scenes of their own.
+EMPTY_BIN_SEED_OFFSET = 50_000
 #: Failed attempts after which an object is given up.
 MAX_ATTEMPTS_PER_OBJECT = 2
 #: A failed grasp is blamed on the nearest object centre within this distance, metres.
@@ -614,6 +616,56 @@ def evaluate(
     return result
 
 
+def evaluate_empty_bin(
+    policy: EvalPolicy,
+    domain_profile_cfg: DictConfig | dict | str,
+    calib: Calibration,
+    n_frames: int,
+    seed: int = 0,
+    render_scale: float | None = None,
+) -> dict:
+    """How often the policy answers no grasp on frames of the empty bin.
+
+    A grasp on a bare floor is worse than none: after a cleared bin the answer should be
+    null. Frames come from the domain's randomization (in ``randomized``: natural-image
+    floors, bin floors of their own look) with the bin forced empty, from scenes
+    ``SeedSequence([EVAL_SEED_BASE + seed + EMPTY_BIN_SEED_OFFSET, i])``.
+
+    Returns:
+        ``domain``, ``frames``, ``null``, ``rate`` (null answers / frames), ``rate_ci95``,
+        ``qualities`` (of the grasps answered), ``time_s``.
+    """
+    from sim_render.randomization import render_randomized
+    from sim_render.scene import SceneRenderer
+
+    if isinstance(domain_profile_cfg, str):
+        domain_profile_cfg = load_profile(domain_profile_cfg)
+    cfg = _eval_profile(domain_profile_cfg, render_scale)
+    cfg.empty_scene_prob = 1.0
+    renderer = SceneRenderer(calib, cfg, EVAL_SEED_BASE + EMPTY_BIN_SEED_OFFSET + int(seed))
+    t0 = time.perf_counter()
+    nulls, qualities = 0, []
+    try:
+        st = renderer._setup()
+        for i in range(int(n_frames)):
+            rngs, _ = renderer.build_scene(i)
+            frame = render_randomized(st["cell"].client, st["cell"].bodies, st["calib"], rngs["visuals"], cfg)
+            if getattr(policy, "takes_calibration", False):
+                dec = policy(frame.rgb, calibration=frame.camera.scaled(tuple(st["calib"].image_size)))
+            else:
+                dec = policy(frame.rgb)
+            if dec.grasp is None:
+                nulls += 1
+            else:
+                qualities.append(float(dec.grasp.quality))
+    finally:
+        renderer.close()
+    lo, hi = wilson_interval(nulls, int(n_frames))
+    return {"domain": str(cfg.get("name", "unnamed")), "frames": int(n_frames), "null": nulls,
+            "rate": nulls / n_frames if n_frames else 0.0, "rate_ci95": [lo, hi], "qualities": qualities,
+            "time_s": time.perf_counter() - t0}
+
+
 def evaluate_domains(
     policy: EvalPolicy | None,
     domains: Sequence[str],
@@ -627,8 +679,12 @@ def evaluate_domains(
     keep_episodes: bool = False,
     no_grasp: str = "end_episode",
     camera_calibration: str = "actual",
+    empty_bin_frames: int = 0,
 ) -> dict:
     """The policy on each domain, plus the brackets once (on ``bracket_domain``).
+
+    With ``empty_bin_frames > 0`` also :func:`evaluate_empty_bin` on each domain
+    (``out["empty_bin"][domain]``).
 
     ``policy=None`` runs the brackets alone. Brackets: ``oracle``, ``random``,
     ``rule_observed`` (:class:`ObservedRulePolicy`, in the policy's view when it is a table
@@ -644,6 +700,9 @@ def evaluate_domains(
             policy, d, calib, n_episodes, seed, render_scale, keep_episodes=keep_episodes, no_grasp=no_grasp,
             camera_calibration=camera_calibration,
         )
+        if empty_bin_frames > 0:
+            out.setdefault("empty_bin", {})[d] = evaluate_empty_bin(policy, d, calib, empty_bin_frames, seed,
+                                                                    render_scale)
     from perception.geometry import table_view
 
     pview = getattr(policy, "view", None)
@@ -691,6 +750,7 @@ def run_eval(cfg: DictConfig) -> dict:
         policy, list(cfg.domains), calib, int(cfg.n_episodes), int(cfg.seed), list(cfg.brackets),
         str(cfg.bracket_domain), cfg.bracket_episodes, cfg.render_scale, keep_episodes=bool(cfg.keep_episodes),
         no_grasp=str(cfg.no_grasp), camera_calibration=str(cfg.camera_calibration),
+        empty_bin_frames=int(cfg.empty_bin_frames),
     )
     result.update(res)
     out = Path(cfg.output) if cfg.output else (Path(cfg.artifact) / "eval.json" if cfg.artifact else Path("eval.json"))
@@ -699,6 +759,8 @@ def run_eval(cfg: DictConfig) -> dict:
         print(_summary_line(f"policy@{d}", r))
     for b, r in result["brackets"].items():
         print(_summary_line(f"{b}@{r['domain']}", r))
+    for d, r in result.get("empty_bin", {}).items():
+        print(f"{'empty bin@' + d:>24}: {r['null']:3d}/{r['frames']:3d} answered no grasp")
     print(f"wrote {out}")
     return result
 

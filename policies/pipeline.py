@@ -242,7 +242,8 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     def make_eval(d: Path) -> dict:
         pol = OnnxPolicy(policy_res["artifact"], calib)
         res = evaluate_domains(pol, list(e_cfg["domains"]), calib, int(e_cfg["n_episodes"]), seed,
-                               bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"])
+                               bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"],
+                               empty_bin_frames=int(e_cfg.get("empty_bin_frames", 0)))
         atomic_write_text(d / "eval.json", json.dumps(res, indent=1, default=str) + "\n")
         return res
 

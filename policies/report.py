@@ -115,6 +115,13 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
         lo, hi = r["rate_ci95"]
         md.append(f"| {r['name']} | {r['domain']} | {r['successes']} / {r['attempts']} | {100 * r['rate']:.1f}% | "
                   f"[{100 * lo:.1f}, {100 * hi:.1f}] | {100 * r['clearance']:.0f}% |")
+    empty = report["evaluation"].get("empty_bin") or {}
+    if empty:
+        md += ["", "Frames of the empty bin answered with no grasp (a grasp on a bare floor is worse than none):", "",
+               "| domain | no grasp / frames | rate | Wilson 95% CI |", "|---|---|---|---|"]
+        for dom, r in empty.items():
+            lo, hi = r["rate_ci95"]
+            md.append(f"| {dom} | {r['null']} / {r['frames']} | {100 * r['rate']:.0f}% | [{100 * lo:.0f}, {100 * hi:.0f}] |")
     md += ["", "![success](report_success.png)", "", "## Stages", "", "| stage | wall s | reused |", "|---|---|---|"]
     for k, v in report["stages"].items():
         md.append(f"| {k} | {v['wall_s']:.1f} | {v['reused']} |")

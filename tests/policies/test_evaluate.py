@@ -74,6 +74,32 @@ def test_pixel_policies_get_rendered_frames(calib):
     assert res["attempts"] == 2 * res["objects"] and res["successes"] == 0
 
 
+def test_empty_bin_frames_hold_no_object_and_count_null_answers(calib):
+    from policies.evaluate import evaluate_empty_bin
+
+    rec = _Recorder()
+    res = evaluate_empty_bin(rec, "randomized", calib, n_frames=3, seed=0, render_scale=0.25)
+    assert res["frames"] == 3 and res["null"] == 3 and res["rate"] == 1.0 and len(rec.frames) == 3
+    assert not np.array_equal(rec.frames[0], rec.frames[1])
+    res = evaluate_empty_bin(CentreGrasper(calib), "randomized", calib, n_frames=2, seed=0, render_scale=0.25)
+    assert res["null"] == 0 and len(res["qualities"]) == 2
+
+
+class CentreGrasper:
+    """Answers the workspace centre for every frame (a policy that never says no)."""
+
+    name = "centre"
+    uses_pixels = True
+
+    def __init__(self, calib):
+        from perception.grasp import Grasp
+
+        self.grasp = Grasp(position=tuple(calib.workspace_center), yaw=0.0, width=0.08, quality=0.5)
+
+    def __call__(self, rgb):
+        return DecodedGrasp(self.grasp, None, None, None)
+
+
 def test_observed_rule_bracket_grasps_from_the_seen_surface(calib):
     """The grasp rule on the depth the camera saw (no learned part) lifts most parts:
     the geometry ceiling of the rule decode (~74% over 60 episodes, docs/policy.md)."""
