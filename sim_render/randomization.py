@@ -16,6 +16,10 @@ Randomizations (sections of ``conf/render/*.yaml``, units there):
 - ``textures.<surface>``: ``prob`` of a texture, ``kinds`` to pick from
   (:data:`sim_render.textures.TEXTURES`); ``size`` px and ``variants_per_kind``
   distinct images per kind (the per-client pool holds kinds x variants).
+- ``surface_textures`` (optional): image-space textures with natural-image statistics on
+  the table, the bin's walls and floor and the objects (:mod:`sim_render.surfaces`).
+- ``empty_scene_prob`` (optional, :meth:`sim_render.scene.SceneRenderer.is_empty`): the
+  share of scenes that are an empty bin.
 - ``lighting``: direction (``azimuth``, ``elevation``), ``color`` per channel,
   ``distance``, ``ambient``/``diffuse``/``specular`` coefficients, ``shadow_prob``.
 - ``camera``: pose, focal length, principal point and ``k1``/``k2`` jitter.
