@@ -91,6 +91,14 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
+def _profile_payload(out: Path, profile: str, calib_path: Path, overrides: list) -> dict:
+    """The composed render profile, for a render stage's hash: a changed ``conf/render``
+    file renders anew instead of reusing frames drawn with the old ranges."""
+    from sim_render.api import render_config
+
+    return _plain(render_config(out, 1, profile, 0, calib_path, overrides).render)
+
+
 def run_pipeline(cfg: DictConfig) -> dict:
     """Run the whole pipeline that ``cfg`` (``conf/pipeline.yaml``) describes.
 
@@ -141,7 +149,8 @@ def _run_pipeline(cfg: DictConfig) -> dict:
             return {"real_dir": str(d / "frames"), "n_frames": len(paths)}
 
         real_payload = {"calibration": calib.digest(), "n": int(budget.real.n_scenes), "seed": seed,
-                        "offset": int(cfg.real_seed_offset), "overrides": list(budget.real.overrides)}
+                        "offset": int(cfg.real_seed_offset), "overrides": list(budget.real.overrides),
+                        "profile": _profile_payload(out, "target", calib_path, list(budget.real.overrides))}
         _, real_res, real_hash = stages.run("real", real_payload, make_real)
         real_dir = Path(real_res["real_dir"])
 
@@ -149,7 +158,8 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides,
                    *(cfg.randomization.overrides if cfg.get("randomization") else [])]
     render_payload = {"calibration": calib.digest(), "n": int(budget.render.n_scenes), "seed": seed,
-                      "overrides": render_over}
+                      "overrides": render_over,
+                      "profile": _profile_payload(out, "randomized", calib_path, render_over)}
 
     def make_render(d: Path) -> dict:
         rcfg = render_config(d, int(budget.render.n_scenes), "randomized", seed, calib_path, render_over,

@@ -178,3 +178,20 @@ def test_a_moved_output_folder_is_reused_from_its_new_place(tiny_run, tmp_path):
     assert all(s["reused"] for s in rep["stages"].values()), rep["stages"]
     assert Path(rep["policy"]["artifact"]).is_relative_to(moved)
     assert Path(rep["policy"]["checkpoint"]).is_relative_to(moved)
+
+
+def test_render_stage_hash_follows_the_profile_file(tmp_path):
+    """Regression: the render stages were hashed on their overrides alone, so a changed
+    conf/render/*.yaml (new ranges) reused frames drawn with the old ones."""
+    from omegaconf import OmegaConf
+
+    from perception.calibration import default_calibration_path
+    from policies.pipeline import _profile_payload, stage_hash
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "render" / "randomized.yaml"
+    on_disk = OmegaConf.to_container(OmegaConf.load(conf), resolve=True)
+    payload = _profile_payload(tmp_path, "randomized", default_calibration_path(), [])
+    assert payload["surface_textures"] == on_disk["surface_textures"]
+    assert payload["empty_scene_prob"] == on_disk["empty_scene_prob"]
+    other = _profile_payload(tmp_path, "randomized", default_calibration_path(), ["render.empty_scene_prob=0.0"])
+    assert stage_hash({"profile": payload}) != stage_hash({"profile": other})
