@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/transfer.py --cell ../shared/validation-cell --work /tmp/transfer \
         [--checkout .] [--cells 0 1] [--budget small] [--adaptations cyclegan none] \
         [--no-baselines] [--episodes 30] [--write]
-    .venv/bin/python benchmarks/transfer.py --summaries /tmp/transfer/cell0 /tmp/transfer/cell1 [--write]
+    .venv/bin/python benchmarks/transfer.py --summaries /tmp/transfer/cell0 /tmp/transfer/cell1 \
+        [--before /tmp/old/cell0 /tmp/old/cell1] [--write]
 
 For each cell seed it runs the cell's ``run_all.sh CHECKOUT WORK/cellN BUDGET`` (which
 installs the checkout the way the README says, runs ``sim2real-pipeline`` per adaptation
@@ -126,7 +127,7 @@ def table(runs: list[Path]) -> str:
     pooled: dict[str, list[int]] = {}
     for run in runs:
         seed, rows = rows_of(run)
-        label = str(seed) if seed is not None else run.name
+        label = run.name if seed is None else f"{seed} (`{run.name}`)"
         for r in rows:
             empty = "" if r["empty"] is None else f"{r['empty'][0]}/{r['empty'][1]}"
             secs = "" if r["seconds"] is None else f"{float(r['seconds']):.0f}" + ("" if r["rc"] == 0 else f" (rc {r['rc']})")
@@ -135,12 +136,36 @@ def table(runs: list[Path]) -> str:
             acc = pooled.setdefault(r["policy"], [0, 0])
             acc[0] += r["successes"]
             acc[1] += r["attempts"]
-    if len(runs) > 1:
+    distinct = len({rows_of(r)[0] for r in runs}) == len(runs)  # pool distinct cells only
+    if len(runs) > 1 and distinct:
         for name, (k, n) in pooled.items():
             lines.append(f"| pooled | {name} | {_fmt_rate(k, n)} | | | |")
-    if "cyclegan" in pooled and "none" in pooled:
+    if distinct and "cyclegan" in pooled and "none" in pooled:
         d, lo, hi = newcombe(*pooled["cyclegan"], *pooled["none"])
         lines.append(f"\n`cyclegan - none`, pooled: {100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}] (Newcombe 95%)")
+    return "\n".join(lines)
+
+
+def pooled_counts(runs: list[Path]) -> dict[str, tuple[int, int]]:
+    """Successes and attempts per policy, summed over runs."""
+    out: dict[str, list[int]] = {}
+    for run in runs:
+        for r in rows_of(run)[1]:
+            acc = out.setdefault(r["policy"], [0, 0])
+            acc[0] += r["successes"]
+            acc[1] += r["attempts"]
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def change_table(before: list[Path], after: list[Path]) -> str:
+    """After minus before, per policy, pooled over the cells (same cells, same evaluation seeds)."""
+    b, a = pooled_counts(before), pooled_counts(after)
+    lines = ["| policy | before | after | after - before [Newcombe 95%] |", "|---|---|---|---|"]
+    for name in a:
+        if name in b:
+            d, lo, hi = newcombe(*a[name], *b[name])
+            lines.append(f"| {name} | {_fmt_rate(*b[name])} | {_fmt_rate(*a[name])} | "
+                         f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points |")
     return "\n".join(lines)
 
 
@@ -170,6 +195,8 @@ def main() -> None:
     ap.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip oracle, oracle-geom, random")
     ap.add_argument("--episodes", type=int, default=30)
     ap.add_argument("--summaries", type=Path, nargs="+", help="finished runs (folders with summary.json): no run")
+    ap.add_argument("--before", type=Path, nargs="+", help="finished runs of the same cells before a change: "
+                    "adds the pooled change per policy")
     ap.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
     args = ap.parse_args()
     if args.summaries:
@@ -186,6 +213,9 @@ def main() -> None:
             runs.append(run_cell(args.cell.resolve(), args.checkout.resolve(), args.work.resolve(), seed, args, first))
             first = first or runs[0]
     text = table(runs)
+    if args.before:
+        text = ("Before:\n\n" + table(list(args.before)) + "\n\nAfter:\n\n" + text + "\n\nChange, pooled over the cells:\n\n"
+                + change_table(list(args.before), runs))
     print(text)
     if args.write:
         write_doc(text, "python benchmarks/transfer.py " + " ".join(sys.argv[1:]))
