@@ -65,12 +65,16 @@ class Cell:
         self.solver_iterations = int(solver_iterations)
         self.bodies = self.reset()
 
-    def reset(self) -> CellBodies:
+    def reset(self, wall_height: float = BIN_WALL_HEIGHT, wall_thickness: float = BIN_WALL_THICKNESS) -> CellBodies:
         """Empty the world and rebuild the static cell.
 
         Every scene starts from here: PyBullet's results depend on the history of a
         world (body ids, contact caches), and a scene must not depend on which
         scenes the same worker rendered before it.
+
+        Args:
+            wall_height, wall_thickness: the bin's walls, metres (the contract bounds the
+                height by 0.06 m and fixes neither).
         """
         c = self.client
         c.resetSimulation()
@@ -78,7 +82,7 @@ class Cell:
         c.setPhysicsEngineParameter(
             fixedTimeStep=self.timestep, numSolverIterations=self.solver_iterations, deterministicOverlappingPairs=1
         )
-        self.bodies = self._build_static()
+        self.bodies = self._build_static(float(wall_height), float(wall_thickness))
         return self.bodies
 
     # ----------------------------------------------------------------- static
@@ -88,14 +92,14 @@ class Cell:
         vis = c.createVisualShape(p.GEOM_BOX, halfExtents=half, rgbaColor=color)
         return c.createMultiBody(0.0, col, vis, basePosition=pos)
 
-    def _build_static(self) -> CellBodies:
+    def _build_static(self, wall_height: float, wall_thickness: float) -> CellBodies:
         cal = self.calib
         (x0, x1), (y0, y1) = cal.workspace_x, cal.workspace_y
         cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
         # The table extends well beyond the workspace so the camera sees a surface.
         table = self._box([1.0, 1.0, TABLE_THICKNESS / 2], [cx, cy, cal.table_z - TABLE_THICKNESS / 2],
                           [0.6, 0.6, 0.6, 1])
-        t, h = BIN_WALL_THICKNESS, BIN_WALL_HEIGHT
+        t, h = wall_thickness, wall_height
         z = cal.table_z + h / 2
         hx, hy = (x1 - x0) / 2 + t, (y1 - y0) / 2 + t
         walls = [

@@ -18,6 +18,8 @@ Randomizations (sections of ``conf/render/*.yaml``, units there):
   distinct images per kind (the per-client pool holds kinds x variants).
 - ``surface_textures`` (optional): image-space textures with natural-image statistics on
   the table, the bin's walls and floor and the objects (:mod:`sim_render.surfaces`).
+- ``bin_walls`` (optional, :meth:`sim_render.scene.SceneRenderer.bin_walls`): wall height
+  and thickness per scene, metres.
 - ``empty_scene_prob`` (optional, :meth:`sim_render.scene.SceneRenderer.is_empty`): the
   share of scenes that are an empty bin.
 - ``lighting``: direction (``azimuth``, ``elevation``), ``color`` per channel,
@@ -226,6 +228,12 @@ def validate_profile(cfg: Mapping) -> None:
         check_range(cfg["physics"], key, "physics", 0.0)
     if cfg.get("surface_textures") is not None:
         problems += validate_surface_textures(cfg["surface_textures"])
+    walls = cfg.get("bin_walls")
+    if walls is not None:
+        check_range(walls, "height", "bin_walls", 1e-3)
+        check_range(walls, "thickness", "bin_walls", 1e-3)
+        if "height" in walls and float(walls["height"][1]) > 0.06:
+            problems.append("bin_walls.height must stay within the contract's 0.06 m")
     if not 0.0 <= float(cfg.get("empty_scene_prob", 0.0)) <= 1.0:
         problems.append("empty_scene_prob must be a probability in [0, 1]")
     if problems:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from perception.calibration import Calibration
 from perception.geometry import project_points
 from perception.grasp import normalize_angle
-from sim_render.cell import Cell
+from sim_render.cell import BIN_WALL_HEIGHT, BIN_WALL_THICKNESS, Cell
 from sim_render.dataset import (
     SEG_BACKGROUND,
     SEG_BIN,
@@ -34,12 +34,14 @@ from sim_render.labels import (
     random_candidates,
 )
 from sim_render.objects import object_urdfs
+from sim_render.sensor import draw_range
 
 __all__ = ["SceneRenderer", "render_size", "scene_streams", "project_labels"]
 #: Streams spawned from a scene's SeedSequence, in this order.
 _STREAMS = ("objects", "physics", "grasps", "visuals")
-# Third word of the SeedSequence that decides whether a scene is an empty bin.
+# Third words of the SeedSequences that decide whether a scene is an empty bin, and its walls.
 _EMPTY_SCENE_KEY = 0xE3
+_BIN_WALLS_KEY = 0xB1
 
 
 def render_size(calib: Calibration, scale: float) -> tuple[int, int]:
@@ -122,14 +124,33 @@ class SceneRenderer:
             self._state["cell"].close()
             self._state = None
 
-    def reset_world(self) -> None:
-        """A fresh world for every scene, so a scene never depends on the ones before."""
+    def reset_world(self, scene: int | None = None) -> dict:
+        """A fresh world for every scene, so a scene never depends on the ones before.
+
+        Returns:
+            The bin's walls drawn for ``scene`` (``bin_walls`` of the profile; the cell's
+            defaults without it): ``{"height": m, "thickness": m}``.
+        """
         from sim_render.textures import texture_pool
 
         st = self._setup()
-        st["cell"].reset()
+        walls = self.bin_walls(scene)
+        st["cell"].reset(walls["height"], walls["thickness"])
         texture_pool(st["cell"].client).clear()  # texture ids died with the world
         st["hand"] = FloatingHand(st["cell"])
+        return walls
+
+    def bin_walls(self, scene: int | None) -> dict:
+        """The bin's wall height and thickness for ``scene``, metres.
+
+        Drawn from a generator of its own (``SeedSequence([seed, scene, 0xB1])``), so a
+        profile without ``bin_walls`` keeps every other stream.
+        """
+        cfg = self._setup()["cfg"].get("bin_walls")
+        if cfg is None or scene is None:
+            return {"height": BIN_WALL_HEIGHT, "thickness": BIN_WALL_THICKNESS}
+        rng = np.random.default_rng(np.random.SeedSequence([int(self.seed), int(scene), _BIN_WALLS_KEY]))
+        return {"height": draw_range(rng, cfg["height"]), "thickness": draw_range(rng, cfg["thickness"])}
 
     # ---------------------------------------------------------------- physics
     def build_scene(self, scene: int) -> tuple[dict[str, np.random.Generator], dict]:
@@ -140,7 +161,7 @@ class SceneRenderer:
         cfg, cell = st["cfg"], st["cell"]
         rngs = scene_streams(self.seed, scene)
         lo, hi = cfg.objects_per_scene
-        self.reset_world()
+        walls = self.reset_world(scene)
         ids: list[int] = []
         for _attempt in range(0 if self.is_empty(scene) else 5):
             n = int(rngs["objects"].integers(lo, hi + 1))
@@ -159,6 +180,8 @@ class SceneRenderer:
             "objects": [str(u).split("random_urdfs/")[-1] for u in cell.bodies.object_urdfs],
             "physics": physics,
         }
+        if self._setup()["cfg"].get("bin_walls") is not None:
+            params["bin_walls"] = walls
         return rngs, params
 
     def is_empty(self, scene: int) -> bool:

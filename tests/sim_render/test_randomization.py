@@ -96,7 +96,7 @@ def test_profile_is_complete_and_valid(name):
     cfg = _profile(name)
     assert cfg["name"] == name
     # Sections a profile may leave out (then off): image-space textures and empty bins.
-    optional = ("surface_textures", "empty_scene_prob")
+    optional = ("surface_textures", "empty_scene_prob", "bin_walls")
     strip = lambda c: {k: v for k, v in c.items() if k not in optional}  # noqa: E731
     assert _keys(strip(cfg)) == _keys(strip(_profile("randomized")))
     validate_profile(OmegaConf.create(cfg))

@@ -290,3 +290,21 @@ def test_no_sample_photographs_from_imaging_libraries():
         if path.suffix in (".py", ".yaml") and pattern.search(path.read_text(errors="ignore"))
     ]
     assert offenders == []
+
+
+def test_bin_walls_are_drawn_per_scene_within_the_contract(calib):
+    from sim_render.scene import SceneRenderer
+
+    cfg = _profile()
+    cfg.update(resolution_scale=0.1, frames_per_scene=1)
+    r = SceneRenderer(calib, cfg, seed=4)
+    walls = [r.bin_walls(s) for s in range(20)]
+    heights = [w["height"] for w in walls]
+    assert all(0.03 <= h <= 0.06 for h in heights) and max(heights) - min(heights) > 0.01
+    _, params = r.build_scene(3)
+    assert params["bin_walls"] == walls[3]
+    cell = r._setup()["cell"]
+    aabb = cell.client.getAABB(cell.bodies.bin_walls[0])
+    assert abs((aabb[1][2] - aabb[0][2]) - walls[3]["height"]) < 1e-3
+    assert abs((aabb[1][0] - aabb[0][0]) - walls[3]["thickness"]) < 1e-3
+    r.close()
