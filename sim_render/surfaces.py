@@ -12,7 +12,7 @@ kept: a textured surface is rendered in a neutral grey (:data:`NEUTRAL_ALBEDO`) 
 texture multiplies the shading measured from it, shadows included.
 
 Texture families (:data:`FAMILIES`; each ``(rng, size, params) -> (size, size)`` float32
-field in ``[0, 1]`` or ``(size, size, 3)`` float32 RGB in ``[0, 1]``), written from what
+field in ``[0, 1]``, coloured through a palette drawn for the surface), written from what
 natural images and materials look like (power spectra near ``1/f^2``, occlusion edges at
 every scale and orientation), not from any one cell:
 
