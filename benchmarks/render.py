@@ -6,8 +6,9 @@
    lights, distractors, distortion, sensor effects) against raw ``getCameraImage`` of
    the same scene. 128x128 is a square camera cut from the packaged one (same focal
    length), scaled to 128 px.
-1b. Milliseconds per frame at the pipeline's render size with the natural-image surface
-   textures, Bayer mosaic and sharpening (issue 11) against the same profile without them.
+1b. Milliseconds per frame at the pipeline's render size with the randomization of issue 11
+   (natural-image surface textures, Bayer mosaic, sharpening, shadows on every frame)
+   against the profile before it.
 2. Two render workers against one (scenes/s of ``sim2real-render``, same data).
 3. Physics-verified grasp labels per core-second, end to end (scene building
    included), against PyBullet's ``KukaDiverseObjectEnv`` episode loop (needs
@@ -71,10 +72,16 @@ def bench_frames(n: int) -> dict:
     return {"raw_fps": raw_fps, "randomized_fps": full_fps, "ratio": full_fps / raw_fps}
 
 
+# `lighting.shadow_prob` of the randomized profile before issue 11 (shadows cost render time).
+_SHADOW_PROB_BEFORE = 0.3
+
+
 def _without_new_randomization(plain: dict) -> dict:
-    """The profile as it was before natural-image textures and the CFA/ISP stages (issue 11)."""
+    """The profile as it was before issue 11: no natural-image textures, no CFA/ISP stages,
+    shadows on 30% of the frames (the bin walls' geometry costs no render time)."""
     off = {k: v for k, v in plain.items() if k != "surface_textures"}
     off["sensor"] = {**plain["sensor"], "bayer_prob": 0.0, "sharpen": [0.0, 0.0]}
+    off["lighting"] = {**plain["lighting"], "shadow_prob": _SHADOW_PROB_BEFORE}
     return off
 
 
