@@ -149,7 +149,7 @@ def test_surface_coordinates_are_base_coordinates_on_the_table(calib):
     pts = raw_pixel_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), cam, calib.table_z).reshape(120, 160, 3)
     depth = ((pts - cam.T_base_camera[:3, 3]) @ cam.T_base_camera[:3, :3])[..., 2].astype(np.float32)
     coords, footprint = surface_coordinates(depth, cam)
-    np.testing.assert_allclose(coords[5:-5, 5:-5], pts[5:-5, 5:-5, :2], atol=1e-4)
+    np.testing.assert_allclose(coords[5:-5, 5:-5], pts[5:-5, 5:-5, :2], atol=1e-3)  # < a pixel footprint
     assert 0.0005 < float(np.median(footprint)) < 0.02  # metres a pixel spans on the table
 
 
