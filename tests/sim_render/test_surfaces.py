@@ -296,7 +296,7 @@ def test_bin_walls_are_drawn_per_scene_within_the_contract(calib):
     from sim_render.scene import SceneRenderer
 
     cfg = _profile()
-    cfg.update(resolution_scale=0.1, frames_per_scene=1)
+    cfg.update(resolution_scale=0.1, frames_per_scene=1, bin_walls={"height": [0.03, 0.06], "thickness": [0.005, 0.03]})
     r = SceneRenderer(calib, cfg, seed=4)
     walls = [r.bin_walls(s) for s in range(20)]
     heights = [w["height"] for w in walls]
@@ -308,3 +308,6 @@ def test_bin_walls_are_drawn_per_scene_within_the_contract(calib):
     assert abs((aabb[1][2] - aabb[0][2]) - walls[3]["height"]) < 1e-3
     assert abs((aabb[1][0] - aabb[0][0]) - walls[3]["thickness"]) < 1e-3
     r.close()
+    plain = SceneRenderer(calib, {k: v for k, v in cfg.items() if k != "bin_walls"}, seed=4)
+    assert plain.bin_walls(3) == {"height": 0.06, "thickness": 0.01}  # the cell's defaults
+    plain.close()
