@@ -33,20 +33,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from policies.evaluate import wilson_interval as wilson
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- transfer:begin -->", "<!-- transfer:end -->"
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of ``k`` successes in ``n`` trials (fractions)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float, float]:
