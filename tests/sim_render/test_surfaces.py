@@ -130,13 +130,19 @@ def _high_freq(img: np.ndarray, mask: np.ndarray) -> float:
     return float(np.abs(lap[inner]).mean())
 
 
+def _clean_profile() -> dict:
+    """The randomized profile at test scale, with no sensor effect and no PyBullet table texture."""
+    cfg = _profile()
+    cfg.update(resolution_scale=TEST_SCALE)
+    cfg["sensor"].update(blur_prob=0.0, jpeg_prob=0.0, read_noise=[0.0, 0.0], shot_noise=[0.0, 0.0],
+                         bayer_prob=0.0, sharpen=[0.0, 0.0])
+    cfg["textures"]["table"]["prob"] = 0.0
+    return cfg
+
+
 def test_textured_table_carries_high_frequencies_and_replays(scene, calib):
     client, bodies = scene
-    base = _profile()
-    base.update(resolution_scale=TEST_SCALE)
-    base["sensor"].update(blur_prob=0.0, jpeg_prob=0.0, read_noise=[0.0, 0.0], shot_noise=[0.0, 0.0],
-                          bayer_prob=0.0, sharpen=[0.0, 0.0])
-    base["textures"]["table"]["prob"] = 0.0
+    base = _clean_profile()
     on, off = json.loads(json.dumps(base)), json.loads(json.dumps(base))
     on["surface_textures"]["table"]["prob"] = 1.0
     off["surface_textures"]["table"]["prob"] = 0.0
@@ -156,11 +162,7 @@ def test_textured_table_carries_high_frequencies_and_replays(scene, calib):
 
 def test_bin_floor_has_its_own_look_and_the_table_keeps_its_colour(scene, calib):
     client, bodies = scene
-    cfg = _profile()
-    cfg.update(resolution_scale=TEST_SCALE)
-    cfg["sensor"].update(blur_prob=0.0, jpeg_prob=0.0, read_noise=[0.0, 0.0], shot_noise=[0.0, 0.0],
-                         bayer_prob=0.0, sharpen=[0.0, 0.0])
-    cfg["textures"]["table"]["prob"] = 0.0
+    cfg = _clean_profile()
     cfg["lighting"]["shadow_prob"] = 0.0
     st = cfg["surface_textures"]
     st["table"]["prob"], st["floor"]["prob"] = 0.0, 1.0
