@@ -417,7 +417,7 @@ def validate_surface_textures(cfg: Mapping) -> list[str]:
     held = set(map(str, cfg.get("held_out") or []))
     if held - set(map(str, cfg["families"])):
         problems.append(f"surface_textures.held_out names families not in families: {sorted(held - set(cfg['families']))}")
-    if not _families(cfg) and any(float(cfg[s]["prob"]) > 0 for s in SURFACES):
+    if not _families(cfg) and any(float(cfg[s]["prob"]) > 0 for s in (*SURFACES, "floor")):
         problems.append("surface_textures: every family is held out but a surface prob is > 0")
     if int(cfg["size"]) < 16 or int(cfg["size"]) & (int(cfg["size"]) - 1):
         problems.append(f"surface_textures.size must be a power of two >= 16 px, got {cfg['size']}")
@@ -427,9 +427,8 @@ def validate_surface_textures(cfg: Mapping) -> list[str]:
     for s in (*SURFACES, "floor"):
         if not 0.0 <= float(cfg[s].get("prob", -1)) <= 1.0:
             problems.append(f"surface_textures.{s}.prob must be a probability in [0, 1]")
-    for key in ("accent_prob",):
-        if not 0.0 <= float(cfg[key]) <= 1.0:
-            problems.append(f"surface_textures.{key} must be a probability in [0, 1]")
+    if not 0.0 <= float(cfg["accent_prob"]) <= 1.0:
+        problems.append("surface_textures.accent_prob must be a probability in [0, 1]")
     return problems
 
 
