@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def _wandb_records(path: Path) -> Iterator[bytes]:
         if n == 0 and kind == 0:  # padding to the end of the block
             pos += left
             continue
+        if pos + 7 + n > len(data):  # a record still being written
+            return
         chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
         if kind == 1:
             yield chunk
@@ -101,15 +104,27 @@ def read_wandb_run(run_dir: Path) -> dict:
 
     files = sorted(Path(run_dir).glob("run-*.wandb"))
     assert len(files) == 1, f"one transaction log expected in {run_dir}, found {files}"
+    # wandb.finish() returns when the run's exit is acknowledged, which can be before the
+    # wandb-core writer has flushed the log to disk (seen on a loaded CI machine): read the
+    # log once it holds its exit record, the last one a finished run writes.
+    deadline = time.monotonic() + 60.0
+    while True:
+        records = []
+        for raw in _wandb_records(files[0]):
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            records.append(rec)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, f"{files[0]} has no exit record 60 s after the run finished"
+        time.sleep(0.2)
     out: dict = {"id": None, "project": None, "tags": [], "job_type": None, "config": {}, "history": [],
                  "summary": {}}
 
     def key(item) -> str:
         return item.key or "/".join(item.nested_key)
 
-    for raw in _wandb_records(files[0]):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
+    for rec in records:
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             out.update(id=rec.run.run_id, project=rec.run.project, tags=list(rec.run.tags),
