@@ -655,11 +655,14 @@ def make_policy_datasets(
     cache: bool = True,
     augment: dict | None = None,
     translate_fraction: float = 1.0,
+    mixed_calibrations: bool = False,
 ) -> tuple[Dataset, Dataset | None, NetworkView, Calibration]:
     """Train and validation datasets over one or more rendered dataset folders.
 
-    All folders must share the nominal calibration (the view is built from it).
-    ``augment`` applies to the training frames only; ``translate_fraction`` see
+    All folders must share the nominal calibration (the view is built from it), unless
+    ``mixed_calibrations``: then each folder's frames are seen in the view built on its own
+    calibration (a view spec is needed; the pretrained base trains on several camera mounts
+    this way). ``augment`` applies to the training frames only; ``translate_fraction`` see
     :class:`PolicyFrames`.
 
     Args:
@@ -668,21 +671,29 @@ def make_policy_datasets(
             ``view_size`` (``None``: the camera view).
 
     Returns:
-        ``train``, ``val`` (``None`` when empty), the view, the nominal calibration.
+        ``train``, ``val`` (``None`` when empty), the view, the nominal calibration (with
+        ``mixed_calibrations``: the first folder's).
     """
     from sim_render.reader import SimFrameDataset
 
     if not dataset_dirs:
         raise ValueError("no dataset folders given: render one with sim2real-render first")
+    if mixed_calibrations and isinstance(view, NetworkView):
+        raise ValueError("mixed_calibrations needs a view spec, not a built view: each folder's view is built on its camera")
     train_parts, val_parts = [], []
-    calib = None
+    calib = first_view = None
+    spec = dict(view or {"kind": "camera"}) if not isinstance(view, NetworkView) else None
     for d in dataset_dirs:
         frames = SimFrameDataset(d)
-        if calib is None:
-            calib = frames.calibration
-            if not isinstance(view, NetworkView):
-                spec = dict(view or {"kind": "camera"})
-                view = make_view(calib, tuple(int(v) for v in view_size), str(spec.pop("kind", "camera")), **spec)
+        if calib is None or mixed_calibrations:
+            if calib is None:
+                calib = frames.calibration
+            if spec is not None:
+                kw_view = dict(spec)
+                view = make_view(frames.calibration, tuple(int(v) for v in view_size),
+                                 str(kw_view.pop("kind", "camera")), **kw_view)
+            if first_view is None:
+                first_view = view
         elif not np.allclose(frames.calibration.T_base_camera, calib.T_base_camera, rtol=0, atol=1e-6) or not np.allclose(
             frames.calibration.K, calib.K, rtol=0, atol=1e-6
         ):  # 1e-6: the same calibration written at another precision is the same camera
@@ -695,5 +706,5 @@ def make_policy_datasets(
             val_parts.append(PolicyFrames(frames, indices=va, **kw))
     train = train_parts[0] if len(train_parts) == 1 else ConcatDataset(train_parts)
     val = None if not val_parts else (val_parts[0] if len(val_parts) == 1 else ConcatDataset(val_parts))
-    assert view is not None and calib is not None
-    return train, val, view, calib
+    assert first_view is not None and calib is not None
+    return train, val, first_view, calib

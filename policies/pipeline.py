@@ -206,13 +206,17 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     p_cfg = _plain(cfg.policy)
     p_cfg.update({k: v for k, v in _plain(budget.policy).items()})
     p_payload = {"policy": p_cfg, "sim": sim_hash, "adapt": adapt_hash, "seed": seed}
+    if p_cfg.get("base"):
+        from policies.base import base_digest
+
+        p_payload["base_digest"] = base_digest(p_cfg["base"])  # a retrained base trains anew
 
     def make_policy(d: Path) -> dict:
         summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": _plain(cfg.get("logger"))}),
                                [str(sim_path)], d,
                                translator=translator, seed=seed)
         return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
-                                        "n_train_frames", "n_val_frames", "adapted")}
+                                        "n_train_frames", "n_val_frames", "adapted", "base")}
 
     policy_path, policy_res, policy_hash = stages.run("policy", p_payload, make_policy)
 

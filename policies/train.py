@@ -52,6 +52,11 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     kind = str((pcfg.get("view") or {}).get("kind", "camera"))
     if kind not in ("table", "camera"):
         raise ValueError(f"policy.view.kind must be 'table' or 'camera', got {kind!r}")
+    if pcfg.get("base"):
+        from policies.base import check_base_fits, load_base
+
+        check_base_fits(load_base(pcfg.base), OmegaConf.to_container(pcfg, resolve=True)
+                        if isinstance(pcfg, DictConfig) else dict(pcfg))
     rule = (pcfg.get("decode") or {}).get("rule")
     if rule is None:
         return
@@ -87,6 +92,7 @@ def train_policy(
     seed: int | None = None,
     callbacks: Sequence[pl.Callback] = (),
     init_from: str | Path | None = None,
+    mixed_calibrations: bool = False,
 ) -> dict:
     """Train the policy with a Lightning ``Trainer``, save it, and export the artifact.
 
@@ -102,7 +108,10 @@ def train_policy(
         seed: overrides ``cfg.seed`` (default 0).
         callbacks: extra Lightning callbacks.
         init_from: a ``policy.ckpt`` whose network weights training starts from (a fresh
-            optimiser and schedule: fine-tuning, unlike ``resume``).
+            optimiser and schedule: fine-tuning, unlike ``resume``). Without it (and without
+            ``resume``) training starts from ``policy.base`` when set (:mod:`policies.base`).
+        mixed_calibrations: folders rendered for different cameras, each seen in the view
+            of its own calibration (the base's training; the artifact is the first's).
 
     Returns:
         ``checkpoint``, ``artifact`` (or ``None``), ``config``, ``metrics`` (final ``val/...``,
@@ -129,6 +138,7 @@ def train_policy(
         bool(pcfg.get("cache", True)),
         OmegaConf.to_container(pcfg.augment, resolve=True) if pcfg.get("augment") else None,
         float(pcfg.get("translate_fraction", 1.0)),
+        mixed_calibrations=mixed_calibrations,
     )
     if len(train_ds) == 0:
         raise ValueError(f"no training frames in {list(dataset_dirs)}")
@@ -149,9 +159,16 @@ def train_policy(
         config={"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
                 "translator": None if translator is None else repr(translator)},
     )
+    base_info = None
     if init_from is not None:
         state = torch.load(str(init_from), map_location="cpu", weights_only=True)["state_dict"]
         module.load_state_dict(state)
+    elif pcfg.get("base") and resume is None:
+        from policies.base import base_digest, load_base
+
+        module.load_state_dict(load_base(pcfg.base)["state_dict"])
+        base_info = {"name": str(pcfg.base), "digest": base_digest(pcfg.base)}
+        log.info("policy: starting from the base %s (%s)", pcfg.base, base_info["digest"])
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -217,6 +234,7 @@ def train_policy(
         "logs": str(getattr(trainer.logger, "log_dir", None) or "") or None,
         "device": str(module.device),
         "adapted": translator is not None,
+        "base": base_info,
     }
     if export and trainer.is_global_zero:
         from policies.export import export_artifact
@@ -225,7 +243,7 @@ def train_policy(
         art = export_artifact(
             module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample,
             training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
-                                              "n_val_frames", "adapted")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
+                                              "n_val_frames", "adapted", "base")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
         )
         summary["artifact"] = str(art)
     if trainer.is_global_zero:

@@ -1,0 +1,215 @@
+"""The pretrained policy base: ``sim2real-train-base`` and the shipped file it writes.
+
+    sim2real-train-base output_dir=DIR [scenes_per_camera=N] [policy.max_time_s=S]
+
+A ``budget=small`` pipeline trains its policy for 12 minutes on 480 scenes of one camera:
+little data for what the policy must learn (the validation loss turns up within a few
+hundred steps). The base is the same network trained once, far longer, on several times
+more randomized scenes seen from several camera mounts (``conf/base.yaml``), only on the
+project's own renders. The pipeline's policy stage starts from it (``policy.base``) and
+fine-tunes it on the user's calibration for its usual time; both adaptation settings start
+from the same base, and ``policy.base=null`` trains from scratch as before.
+
+The file (``policies/bases/NAME.pt``, shipped as package data) holds the policy module's
+``state_dict`` and the JSON-able ``config`` it was trained with, nothing pickled: it loads
+with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from perception.atomic import atomic_write_text
+from perception.calibration import Calibration, CalibrationError, default_calibration_path
+
+__all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base", "main"]
+
+log = logging.getLogger("sim2real.base")
+
+BASE_DIR = Path(__file__).resolve().parent / "bases"
+BASE_FORMAT = 1
+
+
+class BaseError(ValueError):
+    """A base that is missing, unreadable or does not fit the policy config."""
+
+
+def base_path(name: str | Path) -> Path:
+    """The file of a base: a name shipped in ``policies/bases/`` (``grasp_base_v1``) or a path."""
+    p = Path(str(name))
+    if p.suffix == ".pt" or p.is_file() or len(p.parts) > 1:
+        if not p.is_file():
+            raise BaseError(f"policy base file not found: {p}")
+        return p
+    shipped = BASE_DIR / f"{p.name}.pt"
+    if not shipped.is_file():
+        have = sorted(q.stem for q in BASE_DIR.glob("*.pt"))
+        raise BaseError(f"no shipped policy base named {p.name!r} (shipped: {have or 'none'})")
+    return shipped
+
+
+def base_digest(name: str | Path) -> str:
+    """A short hash of the base's bytes (for the policy stage's cache key)."""
+    return hashlib.sha256(base_path(name).read_bytes()).hexdigest()[:16]
+
+
+def load_base(name: str | Path) -> dict:
+    """``{"state_dict", "config", "format", ...}`` of a base, loaded without unpickling code."""
+    import torch
+
+    path = base_path(name)
+    try:
+        data = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: say which
+        raise BaseError(f"policy base {path} could not be read: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != BASE_FORMAT or "state_dict" not in data:
+        raise BaseError(f"{path} is not a policy base of format {BASE_FORMAT}")
+    return data
+
+
+def check_base_fits(base: dict, pcfg: dict, where: str = "policy.base") -> None:
+    """Refuse a base whose network or angle bins differ from the policy config's (its weights
+    would not load); warn when only the view size differs."""
+    want = {"angle_bins": int(pcfg["angle_bins"]), **{k: v for k, v in dict(pcfg["network"]).items()}}
+    have = dict(base.get("network") or {})
+    if {k: have.get(k) for k in want} != {k: (list(v) if isinstance(v, tuple) else v) for k, v in want.items()}:
+        raise BaseError(f"{where}: the base's network {have} does not match policy.network/angle_bins {want}; "
+                        "set policy.base=null or train a base for this network (sim2real-train-base)")
+    if list(base.get("view_size", [])) != [int(v) for v in pcfg["view_size"]]:
+        # The network is fully convolutional, so the weights load at any size; its features
+        # were learnt at the base's pixel size, which fine-tuning has to move.
+        log.warning("%s: the base was trained at view_size %s, the policy uses %s", where, base.get("view_size"),
+                    list(pcfg["view_size"]))
+
+
+def camera_mount(calib: Calibration, azimuth_deg: float, elevation_deg: float, distance_scale: float) -> Calibration:
+    """``calib`` with its camera moved around the point its optical axis meets the table.
+
+    The camera keeps looking at that point, its image ``x`` axis level (as mounted cameras
+    are); the offsets are added to its azimuth and elevation around the point and its
+    distance is scaled. Intrinsics and workspace are unchanged.
+
+    Raises:
+        CalibrationError: the moved camera does not see the whole workspace.
+    """
+    T = calib.T_base_camera
+    pos, axis = T[:3, 3], T[:3, 2]
+    if axis[2] >= -1e-6:
+        raise CalibrationError("the camera does not look down at the table")
+    target = pos + axis * (calib.table_z - pos[2]) / axis[2]
+    rel = pos - target
+    dist = float(np.linalg.norm(rel)) * float(distance_scale)
+    az = math.atan2(rel[1], rel[0]) + math.radians(azimuth_deg)
+    el = math.asin(rel[2] / np.linalg.norm(rel)) + math.radians(elevation_deg)
+    new_pos = target + dist * np.array([math.cos(el) * math.cos(az), math.cos(el) * math.sin(az), math.sin(el)])
+    z = (target - new_pos) / np.linalg.norm(target - new_pos)
+    x = np.cross(z, [0.0, 0.0, 1.0])
+    x /= np.linalg.norm(x)
+    y = np.cross(z, x)
+    T_new = np.eye(4)
+    T_new[:3, :3] = np.stack([x, y, z], axis=1)
+    T_new[:3, 3] = new_pos
+    moved = calib.replace(T_base_camera=T_new)
+    moved.check_workspace_visible()
+    return moved
+
+
+def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
+    """Render ``scenes_per_camera`` randomized scenes per camera mount into ``out/data/cam<i>``
+    (resumable: ``sim2real-render`` skips finished shards)."""
+    from sim_render.api import render_config
+    from sim_render.cli import render
+
+    calib = Calibration.load(default_calibration_path())
+    overrides = [f"scenes_per_shard={int(cfg.scenes_per_shard)}", f"render.frames_per_scene={int(cfg.frames_per_scene)}",
+                 *(cfg.randomization.overrides if cfg.get("randomization") else [])]
+    dirs = []
+    for i, cam in enumerate(cfg.cameras):
+        mount = camera_mount(calib, float(cam.azimuth_deg), float(cam.elevation_deg), float(cam.distance_scale))
+        calib_file = out / "cameras" / f"cam{i}.json"
+        calib_file.parent.mkdir(parents=True, exist_ok=True)
+        mount.save(calib_file)
+        d = out / "data" / f"cam{i}"
+        # Each mount gets its own block of scene seeds: no scene is rendered twice.
+        seed = int(cfg.seed) + i * 100_000
+        log.info("camera %d of %d (%s): %d scenes -> %s", i + 1, len(cfg.cameras), dict(cam),
+                 int(cfg.scenes_per_camera), d)
+        render(render_config(d, int(cfg.scenes_per_camera), "randomized", seed, calib_file, overrides,
+                             int(cfg.workers)))
+        dirs.append(d)
+    return dirs
+
+
+def train_base(cfg: DictConfig) -> dict:
+    """Render the base's data, train the policy on it and write ``output_dir/NAME.pt``."""
+    import torch
+
+    from policies.train import train_policy
+
+    out = Path(str(cfg.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    dirs = render_base_data(cfg, out)
+    render_s = time.perf_counter() - t0
+    pcfg = OmegaConf.to_container(cfg.policy, resolve=True)
+    pcfg["base"] = None  # the base itself starts from scratch
+    summary = train_policy(OmegaConf.create({"policy": pcfg, "seed": int(cfg.seed), "logger": _plain(cfg.get("logger"))}),
+                           [str(d) for d in dirs], out / "policy", seed=int(cfg.seed), mixed_calibrations=True)
+    ckpt = torch.load(summary["checkpoint"], map_location="cpu", weights_only=False)
+    state = {k: v.detach().clone() for k, v in ckpt["state_dict"].items()}
+    n_scenes = int(cfg.scenes_per_camera) * len(cfg.cameras)
+    info = {
+        "name": str(cfg.name),
+        "network": {"angle_bins": int(pcfg["angle_bins"]), **pcfg["network"]},
+        "view_size": list(pcfg["view_size"]),
+        "view": pcfg["view"],
+        "data": {"scenes": n_scenes, "frames_per_scene": int(cfg.frames_per_scene), "profile": "randomized",
+                 "randomization": _plain(cfg.randomization), "cameras": _plain(cfg.cameras), "seed": int(cfg.seed)},
+        "training": {"global_step": summary["global_step"], "train_time_s": round(summary["train_time_s"], 1),
+                     "render_time_s": round(render_s, 1), "metrics": summary["metrics"], "device": summary["device"],
+                     "n_train_frames": summary["n_train_frames"], "n_val_frames": summary["n_val_frames"]},
+        "config": pcfg,
+    }
+    target = out / f"{cfg.name}.pt"
+    tmp = target.with_suffix(".pt.tmp")
+    torch.save({"format": BASE_FORMAT, "state_dict": state, **info}, str(tmp))
+    tmp.replace(target)
+    atomic_write_text(out / f"{cfg.name}.json", json.dumps(info, indent=1, default=str) + "\n")
+    return {"base": str(target), **info}
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+@hydra.main(config_path="pkg://conf", config_name="base", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from perception.cliutil import fail
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        res = train_base(cfg)
+    except (CalibrationError, BaseError, ValueError, OSError) as exc:
+        fail("sim2real-train-base", str(exc))
+        return
+    t = res["training"]
+    print(f"base: {res['base']} ({res['data']['scenes']} scenes, {t['global_step']} steps, "
+          f"render {t['render_time_s']:.0f} s + train {t['train_time_s']:.0f} s on {t['device']})")
+
+
+def main() -> None:
+    from perception.cliutil import check_writable_dir_args
+
+    check_writable_dir_args("sim2real-train-base", sys.argv[1:])
+    _hydra_main()

@@ -1,0 +1,110 @@
+"""The pretrained base (policies/base.py): camera mounts, training on several cameras,
+the file's format, and a policy that starts from it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from perception.calibration import CalibrationError
+from policies.base import BaseError, base_path, camera_mount, load_base, train_base
+from policies.train import check_policy_config, train_policy
+
+
+def _axis_hits_table(calib):
+    T = calib.T_base_camera
+    pos, axis = T[:3, 3], T[:3, 2]
+    return pos + axis * (calib.table_z - pos[2]) / axis[2]
+
+
+def test_camera_mount_moves_the_camera_around_the_point_it_looks_at(calib):
+    same = camera_mount(calib, 0, 0, 1.0)
+    np.testing.assert_allclose(same.T_base_camera, calib.T_base_camera, atol=1e-6)
+    target = _axis_hits_table(calib)
+    for az, el, scale in [(40, 8, 0.9), (-40, -6, 1.1), (180, 0, 1.0)]:
+        moved = camera_mount(calib, az, el, scale)
+        np.testing.assert_allclose(_axis_hits_table(moved), target, atol=1e-6)
+        r0, r1 = calib.camera_position - target, moved.camera_position - target
+        assert np.linalg.norm(r1) == pytest.approx(scale * np.linalg.norm(r0))
+        turn = np.degrees(np.arctan2(r1[1], r1[0]) - np.arctan2(r0[1], r0[0]))
+        assert (turn - az + 180) % 360 - 180 == pytest.approx(0, abs=1e-6)
+        assert abs(moved.T_base_camera[2, 0]) < 1e-9  # the image x axis stays level
+        np.testing.assert_array_equal(moved.K, calib.K)
+    with pytest.raises(CalibrationError, match="outside the camera's view"):
+        camera_mount(calib, 0, 0, 0.3)  # so close that the workspace no longer fits the image
+
+
+def _base_cfg(tmp_path):
+    from sim_render.api import compose_config
+
+    return compose_config("base", [
+        f"output_dir={tmp_path / 'base'}", "scenes_per_camera=2", "workers=1", "scenes_per_shard=2",
+        "cameras=[{azimuth_deg: 0, elevation_deg: 0, distance_scale: 1.0},"
+        "{azimuth_deg: 180, elevation_deg: 0, distance_scale: 1.0}]",
+        "randomization.overrides=['render.resolution_scale=0.25']",
+        "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
+        "policy.max_steps=2", "policy.max_time_s=null", "policy.val_every_n_steps=2", "policy.val_fraction=0.25",
+        "logger=none"])
+
+
+@pytest.fixture(scope="module")
+def small_base(tmp_path_factory):
+    """A base trained for two steps on two scenes from each of two opposite camera mounts."""
+    root = tmp_path_factory.mktemp("base")
+    return root, train_base(_base_cfg(root))
+
+
+def test_a_base_trains_on_two_cameras_and_a_policy_starts_from_it(small_base, tmp_path):
+    root, res = small_base
+    path = base_path(res["base"])
+    data = load_base(path)  # weights_only: nothing pickled
+    assert data["data"]["scenes"] == 4 and len(data["data"]["cameras"]) == 2
+    assert data["network"]["base_channels"] == 8 and data["training"]["global_step"] == 2
+    # the two folders were rendered for two cameras, each seen in its own top-down view
+    cams = sorted((root / "base" / "cameras").glob("cam*.json"))
+    assert len(cams) == 2
+
+    # lr 0: the policy trained from the base keeps the base's weights exactly
+    from sim_render.api import compose_config
+
+    cfg = compose_config("train_policy", [
+        f"policy.base={path}", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
+        "policy.val_fraction=0.34", "policy.max_steps=2", "policy.optim.lr=0", "policy.optim.weight_decay=0",
+        "logger=none"])
+    summary = train_policy(cfg, [root / "base" / "data" / "cam0"], tmp_path / "policy")
+    assert summary["base"]["name"] == str(path) and len(summary["base"]["digest"]) == 16
+    trained = torch.load(summary["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    assert set(trained) == set(data["state_dict"])
+    stats = ("running_mean", "running_var", "num_batches_tracked")  # normalisation statistics move at lr 0
+    weights = [k for k in data["state_dict"] if not k.endswith(stats)]
+    assert len(weights) > 10
+    for k in weights:
+        torch.testing.assert_close(trained[k], data["state_dict"][k], msg=k)
+
+
+def test_a_base_that_does_not_fit_or_is_not_there_is_refused_before_training(small_base, tmp_path):
+    from sim_render.api import compose_config
+
+    with pytest.raises(BaseError, match="not found"):
+        check_policy_config(compose_config("train_policy", [f"policy.base={tmp_path / 'nope.pt'}"]))
+    with pytest.raises(BaseError, match="no shipped policy base named 'grasp_base_v0'"):
+        check_policy_config(compose_config("train_policy", ["policy.base=grasp_base_v0"]))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(BaseError, match="could not be read"):
+        check_policy_config(compose_config("train_policy", [f"policy.base={bad}"]))
+    with pytest.raises(BaseError, match="does not match policy.network"):
+        check_policy_config(compose_config("train_policy", [f"policy.base={small_base[1]['base']}", "policy.network.base_channels=16"]))
+
+
+def test_mixed_calibrations_need_the_flag(small_base):
+    from policies.data import make_policy_datasets
+
+    dirs = sorted((small_base[0] / "base" / "data").glob("cam*"))
+    spec = {"kind": "table", "margin": 0.03, "plane_height": 0.02}
+    with pytest.raises(ValueError, match="another calibration"):
+        make_policy_datasets(dirs, spec, (64, 64), 12)
+    train, _, view, calib = make_policy_datasets(dirs, spec, (64, 64), 12, mixed_calibrations=True)
+    views = [part.view for part in train.datasets]
+    assert views[0] is view and not np.allclose(views[0].K, views[1].K)  # the opposite mount turns the view
