@@ -16,7 +16,7 @@ def _cfg(overrides=()):
     from sim_render.api import compose_config
 
     return compose_config("train_policy", [
-        "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
+        "policy.base=null", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
         "policy.val_fraction=0.34", "policy.val_every_n_steps=2", *overrides,
     ])
 
@@ -117,7 +117,7 @@ def test_train_cli_fast_dev_run(rendered, tmp_path):
     out = tmp_path / "cli"
     proc = subprocess.run(
         [str(exe), f"dataset_dirs=[{rendered}]", f"output_dir={out}", "fast_dev_run=true",
-         "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2"],
+         "policy.base=null", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

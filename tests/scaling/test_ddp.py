@@ -16,7 +16,7 @@ DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.e
 ADAPT_TINY = ["metrics.probe.steps=5", "metrics.swd.patches_per_image=16", "metrics.swd.directions=32",
               "metrics.swd.repeats=1", "log_images_every_n_steps=2", "adaptation.batch_size=1"]
 
-POLICY_TINY = ["policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
+POLICY_TINY = ["policy.base=null", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
                "policy.val_fraction=0.34", "policy.val_every_n_steps=2"]
 
 

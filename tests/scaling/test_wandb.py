@@ -110,7 +110,7 @@ def test_policy_trainer_logs_to_wandb_and_resume_keeps_the_run(tiny_data, tmp_pa
     from sim_render.api import compose_config
 
     out = tmp_path / "run"
-    over = ["policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
+    over = ["policy.base=null", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
             "policy.val_fraction=0.34", "policy.val_every_n_steps=2", "policy.log_every_n_steps=1",
             "logger=wandb", "logger.tags=[ddp-test]"]
     first = train_policy(compose_config("train_policy", [*over, "policy.max_steps=2"]), [tiny_data["sim"]], out,
