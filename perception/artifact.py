@@ -15,7 +15,8 @@ Metadata (``format_version`` 1)::
                  "surface": "surface"},                        (surface optional)
      "angle_bins": A, "quality_threshold": 0.5,
      "decode": {"neighbourhood_px": 1, "width_margin": 0.08,   (optional; absent: 0, 0)
-                "rule": {...}},                                (optional; needs surface)
+                "rule": {...},                                 (optional; needs surface)
+                "on_part_px": 1},                              (optional; needs surface)
      "view": NetworkView.to_dict(), "calibration": {contract calibration},
      "training": {...}, "code_version": "..."}
 
@@ -134,7 +135,7 @@ def _decode_options(d: Any) -> dict:
     """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
     if not isinstance(d, dict):
         raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule"}
+    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px"}
     if unknown:
         raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
     try:
@@ -143,6 +144,13 @@ def _decode_options(d: Any) -> dict:
         raise ArtifactError(f"artifact metadata field 'decode' must hold numbers: {exc}") from exc
     if out["neighbourhood_px"] < 0 or not 0.0 <= out["width_margin"] <= 1.0:
         raise ArtifactError("artifact metadata field 'decode': neighbourhood_px must be >= 0, width_margin in [0, 1] m")
+    if d.get("on_part_px") is not None:
+        try:
+            out["on_part_px"] = int(d["on_part_px"])
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"artifact metadata field 'decode.on_part_px' must be an integer: {exc}") from exc
+        if out["on_part_px"] < 0:
+            raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
     if d.get("rule") is not None:
         try:
             out["rule"] = rule_options(d["rule"])
@@ -234,8 +242,9 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raise ArtifactError("field 'view.K' must be a finite 3x3 matrix")
     if tuple(view.size) != (w, h):
         raise ArtifactError(f"field 'view.size' {list(view.size)} differs from 'input.size' {[w, h]}")
-    if "rule" in decode and ("surface" not in outputs or not view.is_table):
-        raise ArtifactError("field 'decode.rule' needs a 'surface' output and a top-down view (view.kind 'table')")
+    for key in ("rule", "on_part_px"):
+        if key in decode and ("surface" not in outputs or not view.is_table):
+            raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output and a top-down view (view.kind 'table')")
     try:
         calib = Calibration.from_dict(_req(raw, "calibration"), check_view=False)
     except CalibrationError as exc:

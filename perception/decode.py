@@ -7,7 +7,10 @@ that a top-down grasp centred there succeeds (``quality``), the opening in metre
 own fingertip height, lies inside the calibration's workspace. Nothing outside the
 workspace is ever returned: that is the service's and the loop's safety guarantee.
 With ``rule`` (an artifact's ``decode.rule``) only grasps that fit the predicted
-``surface`` by the grasp rule of :mod:`perception.rule` are candidates.
+``surface`` by the grasp rule of :mod:`perception.rule` are candidates. With ``on_part_px``
+(``decode.on_part_px``) only grasps on a part the predicted ``surface`` shows are, and a
+frame whose surface shows no part answers no grasp: a grasp on a bare bin floor is worse
+than none.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def decode_grasp(
     width_margin: float = 0.0,
     surface: np.ndarray | None = None,
     rule: dict | None = None,
+    on_part_px: int | None = None,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -116,6 +120,12 @@ def decode_grasp(
             ``support * quality ** quality_power`` (:func:`perception.rule.support_score`),
             ``threshold`` applies to that score, and the grasp takes the rule's fingertip
             height and opening (plus ``width_margin``).
+        on_part_px: ``None``: off. Otherwise a grasp centre must lie within this many view
+            pixels of a part of the predicted ``surface`` (:func:`perception.rule.object_cells`
+            with the rule's defaults: higher than ``OBJECT_HEIGHT`` above the table, at least
+            ``min_object_px`` cells, inside the workspace clear of the walls); with no part
+            at all the answer is no grasp, with the reason that the bin looks empty. Table
+            views only.
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
@@ -155,6 +165,14 @@ def decode_grasp(
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
     if rule_width is not None:
         valid &= qbest > 0  # grasps that do not fit score 0
+    if on_part_px is not None:
+        near = _near_parts(surface, calib, view, int(on_part_px))
+        if not near.any():
+            return _none(f"the bin looks empty: the predicted surface shows no part higher than "
+                         f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace")
+        if not (valid & near).any() and valid.any():
+            return _none(f"no grasp on a predicted part reaches the quality threshold {threshold:.2f}")
+        valid &= near
     idx = np.flatnonzero(valid)
     if idx.size == 0:
         best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
@@ -203,6 +221,34 @@ def decode_grasp(
     )
 
 
+def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.ndarray:
+    """``(H, W)`` bool: view cells inside the workspace, ``margin`` metres clear of its edge
+    (where the bin walls stand): where parts are looked for."""
+    W, H = view.size
+    vv, uu = np.mgrid[0:H, 0:W]
+    xy = view_pixels_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view, calib.table_z)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    return ((xy[:, 0] >= x0 + margin) & (xy[:, 0] <= x1 - margin)
+            & (xy[:, 1] >= y0 + margin) & (xy[:, 1] <= y1 - margin)).reshape(H, W)
+
+
+def _near_parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, radius_px: int) -> np.ndarray:
+    """``(H, W)`` bool: cells within ``radius_px`` of a part of the predicted surface."""
+    if not view.is_table:
+        raise ValueError("on_part_px needs a top-down view (view kind 'table'); this view is a camera view")
+    if surface is None:
+        raise ValueError("on_part_px needs the predicted surface map (the policy has no 'surface' output)")
+    s = np.asarray(surface, dtype=np.float32)
+    if s.shape != (view.size[1], view.size[0]):
+        raise ValueError(f"surface must be (H, W) = {(view.size[1], view.size[0])}, got {s.shape}")
+    region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]))
+    parts = object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
+    if radius_px > 0 and parts.any():
+        k = np.ones((2 * radius_px + 1, 2 * radius_px + 1), np.uint8)
+        parts = cv2.dilate(parts.astype(np.uint8), k) > 0
+    return parts
+
+
 def _apply_rule(
     q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,11 +264,7 @@ def _apply_rule(
         raise ValueError(f"surface must be (H, W) = {(H, W)}, got {s.shape}")
     px_m = 1.0 / float(np.linalg.norm(view.K[0, :2]))
     # Parts are looked for inside the workspace, clear of the bin walls at its edge.
-    vv, uu = np.mgrid[0:H, 0:W]
-    xy = view_pixels_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view, calib.table_z)
-    m = float(opt["region_margin"])
-    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
-    region = ((xy[:, 0] >= x0 + m) & (xy[:, 0] <= x1 - m) & (xy[:, 1] >= y0 + m) & (xy[:, 1] <= y1 - m)).reshape(H, W)
+    region = _part_region(calib, view, float(opt["region_margin"]))
     parts = object_cells(s, region, float(opt["object_height"]), int(opt["min_object_px"]))
     fits, width, tip, _ = fitting_grasps(s, px_m, A, parts)
     score = support_score(fits, int(opt["support_px"]), float(opt["bin_weight"]))

@@ -130,9 +130,10 @@ def test_nan_maps_never_give_a_grasp(artifact_dir, calib):
     neighbourhood=st.sampled_from([0, 1, 2]),
     width_margin=st.sampled_from([0.0, 0.02, 0.08]),
     rule=st.sampled_from([None, {}, {"quality_power": 0.0, "support_px": 0}]),
+    on_part=st.sampled_from([None, 0, 2]),
 )
 def test_decode_property_never_outside_workspace(calib, seed, threshold, margin, scale, angle_bins, kind,
-                                                 neighbourhood, width_margin, rule):
+                                                 neighbourhood, width_margin, rule, on_part):
     """Over random maps, both view kinds and the decode options (the grasp rule on a random
     surface included), a returned grasp is always inside the workspace, with a normalised
     yaw and an opening the gripper can make."""
@@ -144,13 +145,20 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
     width = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
     height = (rng.standard_normal((32, 40)) * scale).astype(np.float32)
     surface = (rng.random((32, 40)) * rng.choice([0.0, 0.03, 0.1])).astype(np.float32)
-    if rule is not None and kind != "table":
-        rule = None  # the rule needs a top-down view (refused otherwise: test_rule.py)
+    if kind != "table":
+        rule = on_part = None  # both need a top-down view (refused otherwise: test_rule.py, below)
     dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin,
-                       neighbourhood_px=neighbourhood, width_margin=width_margin, surface=surface, rule=rule)
+                       neighbourhood_px=neighbourhood, width_margin=width_margin, surface=surface, rule=rule,
+                       on_part_px=on_part)
     if dec.grasp is None:
         assert dec.reason
         return
+    if on_part is not None:  # on a part of the predicted surface, or within on_part pixels of one
+        from perception.rule import OBJECT_HEIGHT
+
+        u, v = (int(c) for c in dec.view_pixel)
+        patch = surface[max(v - on_part, 0):v + on_part + 1, max(u - on_part, 0):u + on_part + 1]
+        assert (patch > OBJECT_HEIGHT).any()
     g = dec.grasp
     x, y, z = g.position
     assert calib.workspace_x[0] + margin <= x <= calib.workspace_x[1] - margin
@@ -182,6 +190,40 @@ def test_decode_neighbourhood_prefers_a_broad_peak_and_width_margin_opens(calib)
     assert wide.grasp.width == pytest.approx(GRIPPER_MAX_WIDTH)
 
 
+def test_on_part_answers_null_on_an_empty_bin_and_keeps_grasps_on_parts(calib):
+    """decode.on_part_px: a surface with no part (a bare floor, however good the quality
+    looks) answers no grasp and says why; with a part, the grasp goes to it even where
+    the quality peaks on the floor; a speck of surface below min_object_px is no part."""
+    from perception.geometry import network_view, table_view
+
+    view = table_view(calib, (48, 48))
+    q = np.full((4, 48, 48), 0.1, np.float32)
+    q[0, 30:34, 30:34] = 0.95  # the floor looks graspable
+    w = np.full((48, 48), 0.05, np.float32)
+    h = np.full((48, 48), 0.02, np.float32)
+    floor = np.zeros((48, 48), np.float32)
+    assert decode_grasp(q, w, h, calib, view, 0.5, surface=floor).grasp is not None  # off: the floor is answered
+    empty = decode_grasp(q, w, h, calib, view, 0.5, surface=floor, on_part_px=1)
+    assert empty.grasp is None and "looks empty" in empty.reason
+    speck = floor.copy()
+    speck[20:22, 20:22] = 0.04  # 4 cells: noise, not a part
+    assert "looks empty" in decode_grasp(q, w, h, calib, view, 0.5, surface=speck, on_part_px=1).reason
+
+    part = floor.copy()
+    part[14:20, 14:20] = 0.03
+    q[2, 15:19, 15:19] = 0.7
+    dec = decode_grasp(q, w, h, calib, view, 0.5, surface=part, on_part_px=1)
+    assert dec.angle_bin == 2 and 13 <= dec.view_pixel[0] <= 20 and 13 <= dec.view_pixel[1] <= 20
+    q[2] = 0.1  # no grasp on the part is good enough: null, not the floor
+    low = decode_grasp(q, w, h, calib, view, 0.5, surface=part, on_part_px=1)
+    assert low.grasp is None and "on a predicted part" in low.reason
+    with pytest.raises(ValueError, match="top-down view"):
+        cam = network_view(calib, (48, 48))
+        decode_grasp(q, w, h, calib, cam, 0.5, surface=part, on_part_px=1)
+    with pytest.raises(ValueError, match="surface map"):
+        decode_grasp(q, w, h, calib, view, 0.5, on_part_px=1)
+
+
 def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, calib):
     """metadata.json: decode is optional (old artifacts), validated, and read as given."""
     d = tmp_path / "a"
@@ -193,6 +235,13 @@ def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, 
     meta["decode"] = {"neighbourhood_px": 2, "width_margin": 0.03}
     (d / "metadata.json").write_text(json.dumps(meta))
     assert load_metadata(d).decode == {"neighbourhood_px": 2, "width_margin": 0.03}
+    meta["decode"] = {"neighbourhood_px": 2, "width_margin": 0.03, "on_part_px": None}  # null: off
+    (d / "metadata.json").write_text(json.dumps(meta))
+    assert load_metadata(d).decode == {"neighbourhood_px": 2, "width_margin": 0.03}
+    meta["decode"]["on_part_px"] = -1
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="on_part_px"):
+        load_metadata(d)
 
 
 def test_decode_is_fast(calib):

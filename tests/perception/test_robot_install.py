@@ -47,7 +47,10 @@ def test_minimal_robot_venv_serves(tmp_path, artifact_dir, png_bytes):
     code = ("import importlib.util as u, sys, perception.service, perception.loop, perception.calibrate, "
             "perception.capture, perception.cameras; "
             "assert u.find_spec('torch') is None and u.find_spec('pybullet') is None, 'training stack present'; "
-            "assert 'torch' not in sys.modules; print('ok')")
+            "assert 'torch' not in sys.modules; "
+            # package data travels in a non-editable install: the pretrained policy base too
+            "import pathlib, policies; assert (pathlib.Path(policies.__file__).parent / 'bases' / "
+            "'grasp_base_v1.pt').is_file(), 'the shipped policy base is missing'; print('ok')")
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
     port = free_port()

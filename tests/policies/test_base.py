@@ -108,3 +108,26 @@ def test_mixed_calibrations_need_the_flag(small_base):
     train, _, view, calib = make_policy_datasets(dirs, spec, (64, 64), 12, mixed_calibrations=True)
     views = [part.view for part in train.datasets]
     assert views[0] is view and not np.allclose(views[0].K, views[1].K)  # the opposite mount turns the view
+
+
+def test_the_shipped_base_loads_without_pickled_code_and_fits_the_default_policy():
+    import json
+
+    from omegaconf import OmegaConf
+
+    from policies.base import BASE_DIR, check_base_fits
+    from sim_render.api import compose_config
+
+    cfg = compose_config("pipeline", [])
+    path = base_path(cfg.policy.base)
+    assert path.parent == BASE_DIR and path.stat().st_size <= 20 * 2**20  # the cap: 20 MB
+    data = load_base(cfg.policy.base)
+    check_base_fits(data, OmegaConf.to_container(cfg.policy, resolve=True))
+    info = json.loads(path.with_suffix(".json").read_text())  # the text beside it says the same
+    assert info["data"] == data["data"] and info["training"]["global_step"] == data["training"]["global_step"]
+    budget_small = compose_config("pipeline", ["budget=small"]).budget.render.n_scenes
+    assert data["data"]["scenes"] >= 2 * budget_small and len(data["data"]["cameras"]) > 1
+    # its own scene seeds: not the pipeline's (seed 0.. and the stand-in's 500,000..) nor the evaluation's
+    from policies.evaluate import EVAL_SEED_BASE
+
+    assert data["data"]["seed"] >= 2 * EVAL_SEED_BASE
