@@ -24,7 +24,6 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import hydra
 import numpy as np
@@ -32,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from sim_render.api import to_plain
 
 __all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base", "main"]
 
@@ -164,7 +164,7 @@ def train_base(cfg: DictConfig) -> dict:
     render_s = time.perf_counter() - t0
     pcfg = OmegaConf.to_container(cfg.policy, resolve=True)
     pcfg["base"] = None  # the base itself starts from scratch
-    summary = train_policy(OmegaConf.create({"policy": pcfg, "seed": int(cfg.seed), "logger": _plain(cfg.get("logger"))}),
+    summary = train_policy(OmegaConf.create({"policy": pcfg, "seed": int(cfg.seed), "logger": to_plain(cfg.get("logger"))}),
                            [str(d) for d in dirs], out / "policy", seed=int(cfg.seed), mixed_calibrations=True)
     ckpt = torch.load(summary["checkpoint"], map_location="cpu", weights_only=False)
     state = {k: v.detach().clone() for k, v in ckpt["state_dict"].items()}
@@ -175,7 +175,7 @@ def train_base(cfg: DictConfig) -> dict:
         "view_size": list(pcfg["view_size"]),
         "view": pcfg["view"],
         "data": {"scenes": n_scenes, "frames_per_scene": int(cfg.frames_per_scene), "profile": "randomized",
-                 "randomization": _plain(cfg.randomization), "cameras": _plain(cfg.cameras), "seed": int(cfg.seed)},
+                 "randomization": to_plain(cfg.randomization), "cameras": to_plain(cfg.cameras), "seed": int(cfg.seed)},
         "training": {"global_step": summary["global_step"], "train_time_s": round(summary["train_time_s"], 1),
                      "render_time_s": round(render_s, 1), "metrics": summary["metrics"], "device": summary["device"],
                      "n_train_frames": summary["n_train_frames"], "n_val_frames": summary["n_val_frames"]},
@@ -188,9 +188,6 @@ def train_base(cfg: DictConfig) -> dict:
     atomic_write_text(out / f"{cfg.name}.json", json.dumps(info, indent=1, default=str) + "\n")
     return {"base": str(target), **info}
 
-
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 @hydra.main(config_path="pkg://conf", config_name="base", version_base="1.3")

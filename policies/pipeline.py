@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration, CalibrationError, default_calibration_path
 from perception.cliutil import check_writable_dir_args, fail
+from sim_render.api import to_plain
 
 __all__ = ["run_pipeline", "main", "stage_hash"]
 
@@ -87,16 +88,13 @@ def _rebase_paths(obj: Any, old: str, new: str) -> Any:
     return obj
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
 
 def _profile_payload(out: Path, profile: str, calib_path: Path, overrides: list) -> dict:
     """The composed render profile, for a render stage's hash: a changed ``conf/render``
     file renders anew instead of reusing frames drawn with the old ranges."""
     from sim_render.api import render_config
 
-    return _plain(render_config(out, 1, profile, 0, calib_path, overrides).render)
+    return to_plain(render_config(out, 1, profile, 0, calib_path, overrides).render)
 
 
 def run_pipeline(cfg: DictConfig) -> dict:
@@ -177,11 +175,11 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         from adaptation.train import compose_config as adapt_compose
         from adaptation.train import train as adapt_train
 
-        adaptation = _plain(cfg.adaptation)
+        adaptation = to_plain(cfg.adaptation)
         adaptation["image_size"] = list(cfg.policy.view_size)  # translate at the policy's view scale ...
         if cfg.policy.get("view") is not None:
-            adaptation["view"] = _plain(cfg.policy.view)  # ... and in its view: the images the policy sees
-        a_budget = _plain(budget.adapt)
+            adaptation["view"] = to_plain(cfg.policy.view)  # ... and in its view: the images the policy sees
+        a_budget = to_plain(budget.adapt)
         a_payload = {"adaptation": adaptation, "budget": a_budget, "sim": sim_hash, "real": real_hash,
                      "calibration": calib.digest(), "seed": seed}
 
@@ -203,8 +201,8 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     # -- policy (training exports the artifact into the stage).
     from policies.train import train_policy
 
-    p_cfg = _plain(cfg.policy)
-    p_cfg.update({k: v for k, v in _plain(budget.policy).items()})
+    p_cfg = to_plain(cfg.policy)
+    p_cfg.update({k: v for k, v in to_plain(budget.policy).items()})
     p_payload = {"policy": p_cfg, "sim": sim_hash, "adapt": adapt_hash, "seed": seed}
     if p_cfg.get("base"):
         from policies.base import base_digest
@@ -212,7 +210,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         p_payload["base_digest"] = base_digest(p_cfg["base"])  # a retrained base trains anew
 
     def make_policy(d: Path) -> dict:
-        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": _plain(cfg.get("logger"))}),
+        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": to_plain(cfg.get("logger"))}),
                                [str(sim_path)], d,
                                translator=translator, seed=seed)
         return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
@@ -222,7 +220,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
 
     # -- task consistency (optional, after RL-CycleGAN): fine-tune the translator so that the
     # policy's maps agree on sim frames and their translations, retranslate, fine-tune the policy.
-    tc = _plain(cfg.get("task_consistency")) or {}
+    tc = to_plain(cfg.get("task_consistency")) or {}
     consistency_res: dict | None = None
     if tc.get("enabled") and translator is None:
         log.warning("task_consistency.enabled is ignored with adaptation=none: there is no translator to fine-tune")
@@ -250,7 +248,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     # -- evaluation in the twin: every domain, plus the brackets.
     from policies.evaluate import OnnxPolicy, evaluate_domains
 
-    e_cfg = _plain(budget.eval)
+    e_cfg = to_plain(budget.eval)
     e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": calib.digest(), "seed": seed}
 
     def make_eval(d: Path) -> dict:
@@ -268,7 +266,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
 
     total = time.perf_counter() - t_start
     report = {
-        "config": _plain(cfg),
+        "config": to_plain(cfg),
         "calibration": str(calib_path),
         "real_dir": str(real_dir),
         "artifact": str(artifact),
@@ -319,7 +317,7 @@ def task_consistency_stage(
                               max_time_s=tc.get("max_time_s"))
     gen_dir = save_generator(generator.state_dict(), {**generator.meta, "task_consistency": ft}, d / "generator").parent
     p2 = {**p_cfg, "max_time_s": float(tc["policy_time_s"])}
-    summary = train_policy(OmegaConf.create({"policy": p2, "seed": seed, "logger": _plain(cfg.get("logger"))}),
+    summary = train_policy(OmegaConf.create({"policy": p2, "seed": seed, "logger": to_plain(cfg.get("logger"))}),
                            [sim_path], d / "policy", translator=Translator(str(gen_dir)), seed=seed,
                            init_from=policy_res["checkpoint"])
     return {"generator": str(gen_dir), "finetune": ft,

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from sim_render.api import to_plain
 
 __all__ = ["LOGGERS", "logger_name", "TrainLogger", "policy_logger", "wandb_run_id", "active_wandb_run", "PipelineRun",
            "pipeline_run", "eval_summary"]
@@ -36,9 +38,6 @@ LOGGERS = ("csv", "none", "wandb")
 #: Where a policy run keeps its W&B run id, so that ``resume=...`` continues the same W&B run.
 RUN_ID_FILE = ".wandb_run_id"
 
-
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def logger_name(lcfg: Any, default: str = "csv") -> str:
@@ -123,7 +122,7 @@ def policy_logger(
         return TrainLogger(CSVLogger(str(out), name="logs", version=""))
     from pytorch_lightning.loggers import WandbLogger
 
-    lcfg = _plain(lcfg) if not isinstance(lcfg, str) else {"name": "wandb"}
+    lcfg = to_plain(lcfg) if not isinstance(lcfg, str) else {"name": "wandb"}
     id_file = out / RUN_ID_FILE
     saved = id_file.read_text().strip() if resume and id_file.is_file() else None
     run_id = wandb_run_id(saved)
@@ -224,7 +223,7 @@ def pipeline_run(cfg: DictConfig) -> Iterator[PipelineRun]:
         return
     import wandb
 
-    lcfg = _plain(lcfg) if not isinstance(lcfg, str) else {"name": "wandb"}
+    lcfg = to_plain(lcfg) if not isinstance(lcfg, str) else {"name": "wandb"}
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     run = wandb.init(
@@ -236,7 +235,7 @@ def pipeline_run(cfg: DictConfig) -> Iterator[PipelineRun]:
         id=wandb_run_id(),
         resume="allow",
         job_type="pipeline",
-        config=_plain(cfg),
+        config=to_plain(cfg),
     )
     try:
         yield PipelineRun(run)
