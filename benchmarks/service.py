@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> dict:
     x = runner.to_input(runner.preprocess(rgb))
     stages: dict[str, list[float]] = {"decode_png": [], "decode_jpeg": [], "preprocess": [], "forward": [],
                                       "grasp_decode": []}
+    if runner.meta.geometry is not None:
+        stages["geometry"] = []  # the geometry graph and the top-down rebuild of its surface
     for _ in range(args.warmup):
         runner.forward(x)
     for i in range(args.n):
@@ -107,6 +109,10 @@ def run(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         q, w, h, *surface = runner.forward(runner.to_input(view))
         stages["forward"].append(time.perf_counter() - t)
+        if "geometry" in stages:
+            t = time.perf_counter()
+            surface = [runner.geometry_surface(rgb)[0][None, None]]
+            stages["geometry"].append(time.perf_counter() - t)
         t = time.perf_counter()
         decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
                      surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
@@ -181,6 +187,8 @@ def to_markdown(res: dict) -> str:
         f"| stage: decode PNG | {st['decode_png']['p50']:.1f} | {st['decode_png']['p99']:.1f} |",
         f"| stage: decode JPEG | {st['decode_jpeg']['p50']:.1f} | {st['decode_jpeg']['p99']:.1f} |",
         f"| stage: undistort + crop + resize | {st['preprocess']['p50']:.1f} | {st['preprocess']['p99']:.1f} |",
+        *([f"| stage: geometry graph + top-down rebuild | {st['geometry']['p50']:.1f} | {st['geometry']['p99']:.1f} |"]
+          if "geometry" in st else []),
         f"| stage: grasp decode | {st['grasp_decode']['p50']:.2f} | {st['grasp_decode']['p99']:.2f} |",
         "",
         f"Resident memory of the service: {res['rss_mb']['idle']:.0f} MB idle, {res['rss_mb']['after']:.0f} MB after "

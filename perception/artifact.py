@@ -16,7 +16,10 @@ Metadata (``format_version`` 1)::
      "angle_bins": A, "quality_threshold": 0.5,
      "decode": {"neighbourhood_px": 1, "width_margin": 0.08,   (optional; absent: 0, 0)
                 "rule": {...},                                 (optional; needs surface)
-                "on_part_px": 1},                              (optional; needs surface)
+                "on_part_px": 1},                              (optional; needs surface or geometry)
+     "geometry": {"onnx": "geometry.onnx", "input": {"name": "image", "mean": [3], "std": [3]},
+                  "outputs": {"height": "height", "part": "part"}, "view": NetworkView.to_dict(),
+                  "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.004},  (optional)
      "view": NetworkView.to_dict(), "calibration": {contract calibration},
      "training": {...}, "code_version": "..."}
 
@@ -25,6 +28,13 @@ ONNX outputs: ``quality`` ``(N, A, H, W)`` success probability per image-plane a
 ``height`` ``(N, 1, H, W)`` fingertip height above ``table_z`` in metres, and (artifacts
 that carry it) ``surface`` ``(N, 1, H, W)`` the surface seen from above, metres above
 ``table_z``, which the decode's grasp rule (``decode.rule``, :mod:`perception.rule`) runs on.
+
+``geometry`` (optional): a second graph on the *camera* view (``kind="camera"``) with outputs
+``height`` ``(N, 1, H, W)``, metres above ``table_z`` of what each pixel sees, and ``part``
+``(N, 1, H, W)``, the probability that it sees a part. The runner rebuilds the top-down
+surface from them through the serving calibration
+(:func:`perception.geometry.camera_heights_to_surface`) and it replaces the ``surface`` map:
+the grasp rule then runs on geometry seen where a part's edges are the image's edges.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from perception.calibration import Calibration, CalibrationError
-from perception.geometry import NetworkView
+from perception.geometry import NetworkView, camera_heights_to_surface
 from perception.preprocess import preprocess, to_network_input
 from perception.rule import rule_options
 
@@ -49,6 +59,7 @@ __all__ = [
     "ARTIFACT_FORMAT_VERSION",
     "ArtifactError",
     "ArtifactMetadata",
+    "GeometryMetadata",
     "PolicyMaps",
     "PolicyRunner",
     "load_metadata",
@@ -74,6 +85,67 @@ class ArtifactError(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
+class GeometryMetadata:
+    """The artifact's optional geometry graph (``metadata.json`` ``geometry``).
+
+    Attributes:
+        onnx_path: its ONNX file inside the artifact.
+        input_name, mean, std: as the policy's input.
+        outputs: ``{"height": name, "part": name}``.
+        view: its camera view (``kind="camera"``).
+        part_threshold: a pixel sees a part at or above this probability.
+        interior_margin, floor_height: metres, see :func:`perception.geometry.camera_heights_to_surface`.
+    """
+
+    onnx_path: Path
+    input_name: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    outputs: dict[str, str]
+    view: NetworkView
+    part_threshold: float
+    interior_margin: float
+    floor_height: float
+
+
+def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
+    if not isinstance(g, dict):
+        raise ArtifactError("field 'geometry' must be an object (or absent)")
+    name = _req(g, "onnx", "geometry")
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".onnx"):
+        raise ArtifactError(f"field 'geometry.onnx' must be a plain *.onnx file name inside the artifact, got {name!r}")
+    if not (root / name).is_file():
+        raise ArtifactError(f"geometry ONNX file {root / name} not found")
+    inp = _req(g, "input", "geometry")
+    input_name = _req(inp, "name", "geometry.input")
+    if not isinstance(input_name, str) or not input_name:
+        raise ArtifactError("field 'geometry.input.name' must be a non-empty string")
+    outs = _req(g, "outputs", "geometry")
+    outputs = {}
+    for key in ("height", "part"):
+        val = _req(outs, key, "geometry.outputs")
+        if not isinstance(val, str) or not val:
+            raise ArtifactError(f"field 'geometry.outputs.{key}' must be an ONNX output name")
+        outputs[key] = val
+    try:
+        view = NetworkView.from_dict(_req(g, "view", "geometry"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"field 'geometry.view' must be {{'K': 3x3, 'size': [W, H]}}: {exc}") from exc
+    if view.is_table:
+        raise ArtifactError("field 'geometry.view' must be a camera view (kind 'camera')")
+    try:
+        thr, margin, floor = (float(_req(g, k, "geometry")) for k in ("part_threshold", "interior_margin", "floor_height"))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"fields 'geometry.part_threshold', 'interior_margin', 'floor_height' must be numbers: {exc}") from exc
+    if not 0.0 < thr < 1.0 or not 0.0 <= margin < 0.5 or not 0.0 <= floor < 0.1:
+        raise ArtifactError("field 'geometry': part_threshold in (0, 1), interior_margin in [0, 0.5) m, "
+                            "floor_height in [0, 0.1) m")
+    return GeometryMetadata(onnx_path=root / name, input_name=input_name, mean=_triple(inp, "mean"),
+                            std=_triple(inp, "std"), outputs=outputs, view=view, part_threshold=thr,
+                            interior_margin=margin, floor_height=floor)
+
+
+@dataclass(frozen=True, eq=False)
 class ArtifactMetadata:
     """Validated ``metadata.json``.
 
@@ -92,6 +164,7 @@ class ArtifactMetadata:
         view: the network's :class:`~perception.geometry.NetworkView`.
         calibration: the calibration the policy was trained for.
         raw: the whole JSON document.
+        geometry: the geometry graph (:class:`GeometryMetadata`), or ``None``.
     """
 
     path: Path
@@ -107,6 +180,7 @@ class ArtifactMetadata:
     calibration: Calibration
     raw: dict = field(default_factory=dict)
     decode: dict = field(default_factory=dict)
+    geometry: GeometryMetadata | None = None
 
     @property
     def code_version(self) -> str | None:
@@ -242,9 +316,13 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raise ArtifactError("field 'view.K' must be a finite 3x3 matrix")
     if tuple(view.size) != (w, h):
         raise ArtifactError(f"field 'view.size' {list(view.size)} differs from 'input.size' {[w, h]}")
+    geometry = _geometry_metadata(root, raw["geometry"]) if raw.get("geometry") is not None else None
+    if geometry is not None and not view.is_table:
+        raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
     for key in ("rule", "on_part_px"):
-        if key in decode and ("surface" not in outputs or not view.is_table):
-            raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output and a top-down view (view.kind 'table')")
+        if key in decode and (("surface" not in outputs and geometry is None) or not view.is_table):
+            raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
+                                "top-down view (view.kind 'table')")
     try:
         calib = Calibration.from_dict(_req(raw, "calibration"), check_view=False)
     except CalibrationError as exc:
@@ -263,6 +341,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         calibration=calib,
         raw=raw,
         decode=decode,
+        geometry=geometry,
     )
 
 
@@ -388,15 +467,25 @@ class PolicyRunner:
         opts.log_severity_level = 3
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if allow_spinning else "0")
-        try:
-            self.session = ort.InferenceSession(
-                str(self.meta.onnx_path), sess_options=opts, providers=providers or default_providers()
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise ArtifactError(f"cannot load ONNX model {self.meta.onnx_path}: {exc}") from exc
+
+        def session(path: Path) -> Any:
+            try:
+                return ort.InferenceSession(str(path), sess_options=opts, providers=providers or default_providers())
+            except Exception as exc:  # onnxruntime raises its own exception types
+                raise ArtifactError(f"cannot load ONNX model {path}: {exc}") from exc
+
+        self.session = session(self.meta.onnx_path)
         self._check_graph()
         self._out_names = [self.meta.outputs[k] for k in ("quality", "width", "height", "surface")
                            if k in self.meta.outputs]
+        g = self.meta.geometry
+        self.geometry_session = None if g is None else session(g.onnx_path)
+        if g is not None:
+            names = {o.name for o in self.geometry_session.get_outputs()}
+            missing = [n for n in g.outputs.values() if n not in names]
+            if missing or [i.name for i in self.geometry_session.get_inputs()] != [g.input_name]:
+                raise ArtifactError(f"geometry ONNX model {g.onnx_path} does not have the input {g.input_name!r} "
+                                    f"and outputs {sorted(g.outputs.values())} its metadata names")
 
     # ------------------------------------------------------------------ checks
     def _check_graph(self) -> None:
@@ -429,18 +518,47 @@ class PolicyRunner:
         and ``surface (N,1,H,W)`` when the artifact has it."""
         return tuple(self.session.run(self._out_names, {self.meta.input_name: x}))
 
-    def preprocess(self, raw_rgb: np.ndarray) -> np.ndarray:
+    def preprocess(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> np.ndarray:
         """Raw frame -> the network's view image ``(H, W, 3)`` uint8 (see :func:`preprocess`)."""
-        return preprocess(raw_rgb, self.calib, self.view)
+        return preprocess(raw_rgb, self.calib if calibration is None else calibration, self.view)
 
-    def infer(self, raw_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
+    def infer(self, raw_rgb: np.ndarray, keep_view: bool = False, calibration: Calibration | None = None) -> PolicyMaps:
         """Run the policy on one raw RGB frame at the calibration's ``image_size``.
+
+        With a geometry graph its rebuilt surface (:meth:`geometry_surface`) replaces the
+        policy's ``surface`` map. ``calibration`` overrides the serving one for this frame.
 
         Raises:
             perception.preprocess.PreprocessError: frames of another aspect ratio or layout.
         """
-        view_rgb = self.preprocess(raw_rgb)
-        return self.infer_view(view_rgb, keep_view=keep_view)
+        maps = self.infer_view(self.preprocess(raw_rgb, calibration), keep_view=keep_view)
+        if self.geometry_session is None:
+            return maps
+        surface, _ = self.geometry_surface(raw_rgb, calibration)
+        return PolicyMaps(quality=maps.quality, width=maps.width, height=maps.height, view_rgb=maps.view_rgb,
+                          surface=surface)
+
+    def geometry_maps(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The geometry graph on one raw frame: ``height`` and ``part`` probability ``(H, W)`` in its camera view."""
+        g = self.meta.geometry
+        if g is None or self.geometry_session is None:
+            raise ArtifactError(f"artifact {self.meta.path} has no geometry graph")
+        x = to_network_input(preprocess(raw_rgb, self.calib if calibration is None else calibration, g.view),
+                             g.mean, g.std)
+        height, part = self.geometry_session.run([g.outputs["height"], g.outputs["part"]], {g.input_name: x})
+        W, H = g.view.size
+        if height.shape != (1, 1, H, W) or part.shape != (1, 1, H, W):
+            raise ArtifactError(f"geometry ONNX outputs have shapes {height.shape}, {part.shape}; expected (1, 1, {H}, {W})")
+        return height[0, 0], part[0, 0]
+
+    def geometry_surface(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The top-down ``surface`` (metres above ``table_z``) and ``on_part`` maps in the policy's
+        view, rebuilt from the geometry graph's heights through the serving calibration."""
+        g = self.meta.geometry
+        calib = self.calib if calibration is None else calibration
+        height, part = self.geometry_maps(raw_rgb, calib)
+        return camera_heights_to_surface(height, part >= g.part_threshold, calib, g.view, self.view,
+                                         g.interior_margin, g.floor_height)
 
     def infer_view(self, view_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
         """Run the policy on an already preprocessed view image ``(H, W, 3)`` uint8."""

@@ -10,7 +10,8 @@ With ``rule`` (an artifact's ``decode.rule``) only grasps that fit the predicted
 ``surface`` by the grasp rule of :mod:`perception.rule` are candidates. With ``on_part_px``
 (``decode.on_part_px``) only grasps on a part the predicted ``surface`` shows are, and a
 frame whose surface shows no part answers no grasp: a grasp on a bare bin floor is worse
-than none.
+than none. An artifact with a geometry graph (:mod:`perception.artifact`) hands in, as
+``surface``, the one rebuilt from the camera-view heights it predicts.
 """
 
 from __future__ import annotations

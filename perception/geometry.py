@@ -41,6 +41,8 @@ __all__ = [
     "base_to_view_pixels",
     "raw_to_view_pixels",
     "view_to_raw_pixels",
+    "top_down_max",
+    "camera_heights_to_surface",
 ]
 
 
@@ -288,3 +290,104 @@ def view_to_raw_pixels(uv: np.ndarray, calib: Calibration, view: NetworkView) ->
     rays = np.concatenate([uv, np.ones((len(uv), 1))], axis=1) @ np.linalg.inv(view.K).T
     out, _ = cv2.projectPoints(rays, np.zeros(3), np.zeros(3), calib.K, calib.dist)
     return out.reshape(-1, 2)
+
+
+def top_down_max(
+    ix: np.ndarray, iy: np.ndarray, z: np.ndarray, labels: np.ndarray, shape: tuple[int, int],
+    fill_iterations: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bin points into a top-down grid, keeping each cell's highest point.
+
+    Args:
+        ix, iy: ``(N,)`` integer cell indices (inside ``shape``); ``z`` their heights;
+            ``labels`` their segmentation labels.
+        shape: ``(ny, nx)``.
+        fill_iterations: unseen cells next to seen ones take their highest neighbour's height
+            this many times (closes the gaps between pixel footprints).
+
+    Returns:
+        ``height`` ``(ny, nx)`` (``-inf`` where nothing was seen) and ``top_label``
+        ``(ny, nx)`` uint8, the label of each cell's highest point.
+    """
+    height = np.full(shape, -np.inf)
+    np.maximum.at(height, (iy, ix), z)
+    # The label of each cell's highest point: write in increasing height, the last write wins.
+    order = np.argsort(z, kind="stable")
+    top_label = np.zeros(shape, dtype=np.uint8)
+    top_label[iy[order], ix[order]] = labels[order]
+    # Fill sampling gaps (cells between the footprints of neighbouring pixels) with the
+    # highest neighbour; larger unseen areas (behind objects) stay unknown.
+    k3 = np.ones((3, 3), np.uint8)
+    for _ in range(int(fill_iterations)):
+        known = np.isfinite(height)
+        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), k3)
+        lab_grown = cv2.dilate(np.where(known, top_label, 0).astype(np.uint8), k3)
+        fill = ~known & (grown > -1e8)
+        height[fill] = grown[fill]
+        top_label[fill] = lab_grown[fill]
+    return height, top_label
+
+
+def camera_heights_to_surface(
+    height: np.ndarray,
+    part: np.ndarray,
+    calib: Calibration,
+    camera_view: NetworkView,
+    top_view: NetworkView,
+    interior_margin: float,
+    floor_height: float,
+    fill_iterations: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top-down surface from per-pixel heights in a camera view (the geometry network's output).
+
+    Every camera-view pixel is lifted onto its ray (the view is a pinhole camera with the
+    serving camera's pose) at its height, and the points are binned into ``top_view``
+    keeping each cell's highest (:func:`top_down_max`): the rebuild the ``rule_observed``
+    bracket makes from a depth frame, from predicted heights.
+
+    Inside the workspace shrunk by ``interior_margin`` (the bin's interior, where parts
+    are), a cell whose highest point is not on a part is floor: its height is capped at
+    ``floor_height``, so that noise of the predicted height on a textured floor makes no
+    part. Outside it (the bin walls) the heights stand, as obstacles for the fingers.
+
+    Args:
+        height: ``(H, W)`` metres above ``calib.table_z`` seen at each camera-view pixel.
+        part: ``(H, W)`` bool, whether the pixel sees a part.
+        calib: the serving calibration.
+        camera_view: the geometry network's view (``kind="camera"``).
+        top_view: the top-down view of the surface (``kind="table"``).
+        interior_margin: metres.
+        floor_height: metres above the table.
+        fill_iterations: see :func:`top_down_max`.
+
+    Returns:
+        ``surface`` ``(H', W')`` float32 metres above ``table_z`` (0 where nothing was seen)
+        and ``on_part`` ``(H', W')`` bool, in ``top_view``.
+    """
+    if camera_view.is_table or not top_view.is_table:
+        raise ValueError("camera_heights_to_surface maps a camera view (kind 'camera') onto a top-down view (kind 'table')")
+    h = np.asarray(height, dtype=np.float64)
+    W, H = camera_view.size
+    if h.shape != (H, W) or np.shape(part) != (H, W):
+        raise ValueError(f"height {h.shape} and part {np.shape(part)} must be the camera view's ({H}, {W})")
+    vv, uu = np.mgrid[0:H, 0:W]
+    ok = np.isfinite(h)
+    uv = np.stack([uu[ok], vv[ok]], axis=1).astype(np.float64)
+    pts = view_pixels_to_base(uv, calib, camera_view, calib.table_z + h[ok])
+    tv = np.rint(base_to_view_pixels(pts, calib, top_view)).astype(np.int64)
+    Wt, Ht = top_view.size
+    inside = (tv[:, 0] >= 0) & (tv[:, 0] < Wt) & (tv[:, 1] >= 0) & (tv[:, 1] < Ht)
+    labels = np.asarray(part, dtype=bool)[ok].astype(np.uint8)
+    top, top_part = top_down_max(tv[inside, 0], tv[inside, 1], pts[inside, 2] - calib.table_z, labels[inside],
+                                 (Ht, Wt), fill_iterations)
+    known = np.isfinite(top)
+    surface = np.where(known, top, 0.0)
+    on_part = known & (top_part > 0)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    m = float(interior_margin)
+    vy, vx = np.mgrid[0:Ht, 0:Wt]
+    cell_xy = view_pixels_to_base(np.stack([vx.ravel(), vy.ravel()], axis=1).astype(np.float64), calib, top_view, 0.0)
+    interior = ((cell_xy[:, 0] >= x0 + m) & (cell_xy[:, 0] <= x1 - m) & (cell_xy[:, 1] >= y0 + m)
+                & (cell_xy[:, 1] <= y1 - m)).reshape(Ht, Wt)
+    surface = np.where(interior & ~on_part, np.minimum(surface, float(floor_height)), surface)
+    return surface.astype(np.float32), on_part

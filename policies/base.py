@@ -64,17 +64,23 @@ def base_digest(name: str | Path) -> str:
     return hashlib.sha256(base_path(name).read_bytes()).hexdigest()[:16]
 
 
-def load_base(name: str | Path) -> dict:
-    """``{"state_dict", "config", "format", ...}`` of a base, loaded without unpickling code."""
+def load_base(name: str | Path, fmt: int | str = BASE_FORMAT) -> dict:
+    """``{"state_dict", "config", "format", ...}`` of a base, loaded without unpickling code.
+
+    Args:
+        name: see :func:`base_path`.
+        fmt: the format the file must carry: :data:`BASE_FORMAT` (a policy base) or
+            :data:`policies.geometry.GEOMETRY_FORMAT` (a geometry network).
+    """
     import torch
 
     path = base_path(name)
     try:
         data = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: say which
-        raise BaseError(f"policy base {path} could not be read: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != BASE_FORMAT or "state_dict" not in data:
-        raise BaseError(f"{path} is not a policy base of format {BASE_FORMAT}")
+        raise BaseError(f"base {path} could not be read: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != fmt or "state_dict" not in data:
+        raise BaseError(f"{path} is not a base of format {fmt!r} (it says {data.get('format') if isinstance(data, dict) else None!r})")
     return data
 
 
@@ -152,16 +158,55 @@ def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
 
 
 def train_base(cfg: DictConfig) -> dict:
-    """Render the base's data, train the policy on it and write ``output_dir/NAME.pt``."""
-    import torch
+    """Render the base's data, train what ``parts`` lists on it and write ``output_dir/NAME.pt``
+    (the policy base) and ``output_dir/GEOMETRY_NAME.pt`` (the geometry network).
 
-    from policies.train import train_policy
-
+    Returns:
+        ``{"policy": ..., "geometry": ...}``, each part's summary (absent when not trained).
+    """
+    parts = [str(p) for p in (cfg.get("parts") or ["policy"])]
+    unknown = sorted(set(parts) - {"policy", "geometry"})
+    if unknown:
+        raise ValueError(f"parts: unknown {unknown}; known: policy, geometry")
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     dirs = render_base_data(cfg, out)
     render_s = time.perf_counter() - t0
+    res: dict = {}
+    if "policy" in parts:
+        res["policy"] = _train_policy_base(cfg, out, dirs, render_s)
+    if "geometry" in parts:
+        res["geometry"] = _train_geometry_base(cfg, out, dirs, render_s)
+    return res
+
+
+def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: float) -> dict:
+    import torch
+
+    from policies.geometry import train_geometry
+
+    g = train_geometry(cfg.geometry, dirs, out / "geometry", seed=int(cfg.seed), logger_cfg=to_plain(cfg.get("logger")))
+    n_scenes = int(cfg.scenes_per_camera) * len(cfg.cameras)
+    data = {"scenes": n_scenes, "frames_per_scene": int(cfg.frames_per_scene), "profile": "randomized",
+            "randomization": to_plain(cfg.randomization), "cameras": to_plain(cfg.cameras), "seed": int(cfg.seed),
+            "render_time_s": round(render_s, 1)}
+    name = str(cfg.geometry.name)
+    saved = torch.load(g["path"], map_location="cpu", weights_only=True)
+    target = out / f"{name}.pt"
+    tmp = target.with_suffix(".pt.tmp")
+    torch.save({**saved, "name": name, "data": data}, str(tmp))
+    tmp.replace(target)
+    info = {"name": name, "data": data, **{k: v for k, v in g.items() if k != "path"}}
+    atomic_write_text(out / f"{name}.json", json.dumps(info, indent=1, default=str) + "\n")
+    return {"base": str(target), **info}
+
+
+def _train_policy_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: float) -> dict:
+    import torch
+
+    from policies.train import train_policy
+
     pcfg = OmegaConf.to_container(cfg.policy, resolve=True)
     pcfg["base"] = None  # the base itself starts from scratch
     summary = train_policy(OmegaConf.create({"policy": pcfg, "seed": int(cfg.seed), "logger": to_plain(cfg.get("logger"))}),
@@ -200,9 +245,18 @@ def _hydra_main(cfg: DictConfig) -> None:
     except (CalibrationError, BaseError, ValueError, OSError) as exc:
         fail("sim2real-train-base", str(exc))
         return
-    t = res["training"]
-    print(f"base: {res['base']} ({res['data']['scenes']} scenes, {t['global_step']} steps, "
-          f"render {t['render_time_s']:.0f} s + train {t['train_time_s']:.0f} s on {t['device']})")
+    if "policy" in res:
+        p, t = res["policy"], res["policy"]["training"]
+        print(f"base: {p['base']} ({p['data']['scenes']} scenes, {t['global_step']} steps, "
+              f"render {t['render_time_s']:.0f} s + train {t['train_time_s']:.0f} s on {t['device']})")
+    if "geometry" in res:
+        g = res["geometry"]
+        e = g["errors"]
+        print(f"geometry: {g['base']} ({g['global_step']} steps, train {g['train_time_s']:.0f} s on {g['device']}; "
+              f"height error median/p90 {e.get('object_median_m', float('nan')) * 1000:.1f}/"
+              f"{e.get('object_p90_m', float('nan')) * 1000:.1f} mm on parts, "
+              f"{e.get('floor_median_m', float('nan')) * 1000:.1f}/{e.get('floor_p90_m', float('nan')) * 1000:.1f} mm "
+              f"elsewhere; part IoU {e.get('object_iou', float('nan')):.2f})")
 
 
 def main() -> None:

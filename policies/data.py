@@ -158,8 +158,8 @@ def table_view_surface(
         ``surface_z`` ``(H, W)`` float32 height in ``B`` (NaN unknown), ``top_label``
         ``(H, W)`` uint8 segmentation label of that highest point, ``known`` ``(H, W)`` bool.
     """
-    from perception.geometry import base_to_view_pixels
-    from policies.geometric import depth_points, top_down_max
+    from perception.geometry import base_to_view_pixels, top_down_max
+    from policies.geometric import depth_points
 
     W, H = view.size
     pts, lab = depth_points(np.asarray(depth), seg, camera)

@@ -171,12 +171,7 @@ class OnnxPolicy:
     def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
         """Grasp for one raw frame; ``calibration`` overrides the serving one for this frame."""
         calib = self.runner.calib if calibration is None else calibration
-        if calibration is None:
-            maps = self.runner.infer(raw_rgb)
-        else:
-            from perception.preprocess import preprocess
-
-            maps = self.runner.infer_view(preprocess(raw_rgb, calib, self.runner.view))
+        maps = self.runner.infer(raw_rgb, calibration=calibration)
         return decode_grasp(
             maps.quality, maps.width, maps.height, calib, self.runner.view, self.threshold,
             workspace_margin=self.workspace_margin, surface=maps.surface, **self.runner.meta.decode,

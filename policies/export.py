@@ -39,7 +39,7 @@ from perception.geometry import NetworkView
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 from policies.networks import ExportWrapper, GraspNet
 
-__all__ = ["export_artifact", "export_onnx", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
+__all__ = ["export_artifact", "export_onnx", "export_graph", "graph_max_diff", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,19 @@ def _net_of(module_or_net: nn.Module) -> GraspNet:
 
 
 def export_onnx(net: GraspNet, path: Path, size: tuple[int, int], flip_average: bool = False) -> None:
-    """Write ``ExportWrapper(net, flip_average)`` to ``path`` (input ``image`` ``(N, 3, H, W)``, dynamic ``N``).
+    """Write ``ExportWrapper(net, flip_average)`` to ``path`` (input ``image`` ``(N, 3, H, W)``, dynamic ``N``)."""
+    export_graph(ExportWrapper(net, flip_average), path, size, OUTPUT_NAMES)
+
+
+def export_graph(wrapper: nn.Module, path: Path, size: tuple[int, int], output_names: tuple[str, ...]) -> None:
+    """Write ``wrapper`` (input ``image`` ``(N, 3, H, W)``, dynamic ``N``) to ``path``.
 
     The dynamo exporter (onnx + onnxscript) is tried first, the TorchScript one second.
     """
     w, h = size
-    wrapper = ExportWrapper(net, flip_average).eval().cpu()
+    wrapper = wrapper.eval().cpu()
     x = torch.zeros(2, 3, h, w)
-    names = {"input_names": ["image"], "output_names": list(OUTPUT_NAMES)}
+    names = {"input_names": ["image"], "output_names": list(output_names)}
     errors = []
     with _Quiet("onnxscript", "onnx_ir", "torch.onnx", "torch.export"):
         try:
@@ -102,7 +107,7 @@ def export_onnx(net: GraspNet, path: Path, size: tuple[int, int], flip_average: 
         try:
             torch.onnx.export(
                 wrapper, (x,), str(path), dynamo=False, opset_version=17,
-                dynamic_axes={k: {0: "N"} for k in ("image", *OUTPUT_NAMES)},
+                dynamic_axes={k: {0: "N"} for k in ("image", *output_names)},
                 **names,
             )
         except Exception as exc:
@@ -130,15 +135,62 @@ class _Quiet:
 
 def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray, flip_average: bool = False) -> float:
     """Largest absolute difference between onnxruntime and torch outputs on ``x`` ``(N, 3, H, W)``."""
+    return graph_max_diff(ExportWrapper(net, flip_average), onnx_path, x, OUTPUT_NAMES)
+
+
+def graph_max_diff(wrapper: nn.Module, onnx_path: Path, x: np.ndarray, output_names: tuple[str, ...]) -> float:
+    """:func:`onnx_torch_max_diff` for any exported wrapper."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
-    got = sess.run(list(OUTPUT_NAMES), {"image": x.astype(np.float32)})
+    got = sess.run(list(output_names), {"image": x.astype(np.float32)})
     with torch.no_grad():
-        want = ExportWrapper(net, flip_average).eval().cpu()(torch.from_numpy(x.astype(np.float32)))
+        want = wrapper.eval().cpu()(torch.from_numpy(x.astype(np.float32)))
     return max(float(np.max(np.abs(g - w.numpy()))) for g, w in zip(got, want))
+
+
+#: The geometry graph's file and outputs (perception.artifact.GeometryMetadata).
+GEOMETRY_ONNX_FILE = "geometry.onnx"
+GEOMETRY_OUTPUT_NAMES = ("height", "part")
+
+
+def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify_atol: float) -> dict:
+    """Write the geometry graph into the artifact folder ``tmp``; its ``metadata.json`` entry."""
+    from policies.geometry import geometry_view
+    from policies.networks import GeometryExport, GeometryNet
+
+    base = geometry["base"]
+    net_kw = dict(base["network"])
+    if "dilations" in net_kw:
+        net_kw["dilations"] = tuple(net_kw["dilations"])
+    net = GeometryNet(**net_kw)
+    net.load_state_dict(base["state_dict"])
+    view = geometry_view(calibration, {"view_size": base["view_size"], "margin": base["margin"]})
+    wrapper = GeometryExport(net)
+    export_graph(wrapper, tmp / GEOMETRY_ONNX_FILE, view.size, GEOMETRY_OUTPUT_NAMES)
+    w, h = view.size
+    x = np.random.default_rng(1).standard_normal((2, 3, h, w)).astype(np.float32)
+    diff = graph_max_diff(wrapper, tmp / GEOMETRY_ONNX_FILE, x, GEOMETRY_OUTPUT_NAMES)
+    if not diff <= verify_atol:
+        raise ExportError(f"geometry graph: onnxruntime and torch outputs differ by {diff:.2e} (> {verify_atol:.0e})")
+    from perception.rule import DEFAULT_RULE, OBJECT_HEIGHT
+
+    # Parts are looked for clear of the walls (the rule's region); a floor cell stays just below a part's height.
+    opts = {"part_threshold": 0.5, "interior_margin": DEFAULT_RULE["region_margin"], "floor_height": 0.9 * OBJECT_HEIGHT,
+            **{k: v for k, v in dict(geometry.get("options") or {}).items() if v is not None}}
+    return {
+        "onnx": GEOMETRY_ONNX_FILE,
+        "input": {"name": "image", "mean": list(IMAGE_MEAN), "std": list(IMAGE_STD)},
+        "outputs": {k: k for k in GEOMETRY_OUTPUT_NAMES},
+        "view": view.to_dict(),
+        "part_threshold": float(opts["part_threshold"]),
+        "interior_margin": float(opts["interior_margin"]),
+        "floor_height": float(opts["floor_height"]),
+        "base": geometry.get("info"),
+        "onnx_max_abs_diff": diff,
+    }
 
 
 def _cfg_dict(cfg: Any) -> dict:
@@ -158,6 +210,7 @@ def export_artifact(
     training: dict | None = None,
     verify_atol: float = 1e-4,
     sample_inputs: np.ndarray | None = None,
+    geometry: dict | None = None,
 ) -> Path:
     """Write the artifact folder ``out_dir`` (replacing an older one atomically).
 
@@ -171,6 +224,9 @@ def export_artifact(
         training: extra facts stored under ``training`` (metrics, dataset, steps).
         verify_atol: maximum allowed onnxruntime vs torch difference.
         sample_inputs: ``(N, 3, H, W)`` inputs for the check (random ones are added).
+        geometry: ``{"base": a geometry base (policies.base.load_base), "options":
+            policy.geometry_decode, "info": {name, digest}}``: also write the geometry graph
+            (``geometry.onnx``, on the camera view of ``calibration``); ``None``: none.
 
     Returns:
         ``out_dir``.
@@ -220,6 +276,8 @@ def export_artifact(
             "training": {**(training or {}), "config": cfgd, "onnx_max_abs_diff": diff},
             "code_version": code_version(),
         }
+        if geometry is not None:
+            meta["geometry"] = _export_geometry(geometry, calibration, tmp, verify_atol)
         atomic_write_text(tmp / METADATA_FILE, json.dumps(meta, indent=1, default=_json_default) + "\n")
         # mkdtemp/mkstemp make private files; the artifact is meant to be shared.
         os.chmod(tmp, 0o755)

@@ -27,12 +27,18 @@ import numpy as np
 
 from perception.calibration import Calibration
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_points
-from perception.geometry import NetworkView, project_points, raw_pixels_to_rays, raw_to_view_pixels
+from perception.geometry import (
+    NetworkView,
+    project_points,
+    raw_pixels_to_rays,
+    raw_to_view_pixels,
+    top_down_max,
+)
 from perception.grasp import angle_to_bin, normalize_angle
 from perception.rule import ABOVE_TIPS, GRASP_DEPTH, fitting_grasps
 
 __all__ = [
-    "depth_points", "top_down_max", "height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels",
+    "depth_points", "height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels",
     "ray_grasp_heights",
 ]
 
@@ -54,42 +60,6 @@ def depth_points(depth: np.ndarray, seg: np.ndarray, camera: Calibration) -> tup
     rays = raw_pixels_to_rays(np.stack([uu[ok], vv[ok]], axis=1), camera)
     pts = transform_points(camera.T_base_camera, rays * depth[ok].astype(np.float64)[:, None])
     return pts, np.asarray(seg)[ok]
-
-
-def top_down_max(
-    ix: np.ndarray, iy: np.ndarray, z: np.ndarray, labels: np.ndarray, shape: tuple[int, int],
-    fill_iterations: int = 1,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Bin points into a top-down grid, keeping each cell's highest point.
-
-    Args:
-        ix, iy: ``(N,)`` integer cell indices (inside ``shape``); ``z`` their heights;
-            ``labels`` their segmentation labels.
-        shape: ``(ny, nx)``.
-        fill_iterations: unseen cells next to seen ones take their highest neighbour's height
-            this many times (closes the gaps between pixel footprints).
-
-    Returns:
-        ``height`` ``(ny, nx)`` (``-inf`` where nothing was seen) and ``top_label``
-        ``(ny, nx)`` uint8, the label of each cell's highest point.
-    """
-    height = np.full(shape, -np.inf)
-    np.maximum.at(height, (iy, ix), z)
-    # The label of each cell's highest point: write in increasing height, the last write wins.
-    order = np.argsort(z, kind="stable")
-    top_label = np.zeros(shape, dtype=np.uint8)
-    top_label[iy[order], ix[order]] = labels[order]
-    # Fill sampling gaps (cells between the footprints of neighbouring pixels) with the
-    # highest neighbour; larger unseen areas (behind objects) stay unknown.
-    k3 = np.ones((3, 3), np.uint8)
-    for _ in range(int(fill_iterations)):
-        known = np.isfinite(height)
-        grown = cv2.dilate(np.where(known, height, -1e9).astype(np.float32), k3)
-        lab_grown = cv2.dilate(np.where(known, top_label, 0).astype(np.uint8), k3)
-        fill = ~known & (grown > -1e8)
-        height[fill] = grown[fill]
-        top_label[fill] = lab_grown[fill]
-    return height, top_label
 
 
 def height_grid(

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies.networks import GraspNet
 
-__all__ = ["GraspPolicyModule", "DEFAULT_LOSS", "grasp_losses"]
+__all__ = ["TimedCosineModule", "GraspPolicyModule", "DEFAULT_LOSS", "grasp_losses"]
 
 DEFAULT_LOSS: dict[str, float] = {
     "quality_weight": 1.0,
@@ -126,67 +126,18 @@ def grasp_losses(
     }
 
 
-class GraspPolicyModule(pl.LightningModule):
-    """Trains :class:`GraspNet` on :class:`policies.data.PolicyFrames` batches.
+class TimedCosineModule(pl.LightningModule):
+    """AdamW with a warm-up and a cosine schedule that, under a time budget, ends with the budget.
 
     Args:
-        network: ``GraspNet`` keyword arguments (``angle_bins``, ``base_channels``, ``dilations``).
-        loss: :data:`DEFAULT_LOSS` overrides.
         optim: ``lr``, ``weight_decay``, ``scheduler`` (``cosine`` or ``none``), ``warmup_steps``,
             ``max_steps`` (the cosine horizon) and ``max_time_s`` (a time budget: the horizon
             is then re-estimated as training goes, so the schedule ends with the budget).
-        view: the network view as ``NetworkView.to_dict()`` (saved with the checkpoint so
-            an artifact can be exported from it alone).
-        calibration: the nominal calibration dict (ditto).
-        config: the resolved policy config (saved with the checkpoint).
     """
 
-    def __init__(
-        self,
-        network: dict | DictConfig | None = None,
-        loss: dict | DictConfig | None = None,
-        optim: dict | DictConfig | None = None,
-        view: dict | None = None,
-        calibration: dict | None = None,
-        config: dict | None = None,
-    ) -> None:
+    def __init__(self, optim: dict | DictConfig | None = None) -> None:
         super().__init__()
-        network, loss, optim = _as_dict(network), _as_dict(loss), _as_dict(optim)
-        self.save_hyperparameters(
-            {"network": network, "loss": loss, "optim": optim, "view": view, "calibration": calibration,
-             "config": config}
-        )
-        net_kw = dict(network)
-        if "dilations" in net_kw:
-            net_kw["dilations"] = tuple(net_kw["dilations"])
-        self.net = GraspNet(**net_kw)
-        self.loss_cfg = {**DEFAULT_LOSS, **loss}
-        self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **optim}
-
-    @property
-    def angle_bins(self) -> int:
-        return self.net.angle_bins
-
-    def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.net(image)
-
-    # ---------------------------------------------------------------- steps
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self.net(batch["image"])
-        losses = grasp_losses(out, batch, self.loss_cfg, step=int(self.global_step))
-        n = batch["image"].shape[0]
-        for k, v in losses.items():
-            self.log(f"train/{k}", v, prog_bar=(k == "loss"), batch_size=n)
-        return losses["loss"]
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        out = self.net(batch["image"])
-        losses = grasp_losses(out, batch, self.loss_cfg)
-        n = batch["image"].shape[0]
-        for k, v in losses.items():
-            self.log(f"val/{k}", v, batch_size=n, prog_bar=(k == "loss"))
-        for k, v in grasp_metrics(out, batch).items():
-            self.log(f"val/{k}", v, batch_size=n)
+        self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **_as_dict(optim)}
 
     def configure_optimizers(self) -> Any:
         o = self.optim_cfg
@@ -228,6 +179,68 @@ class GraspPolicyModule(pl.LightningModule):
         est = step + int(remaining / max(per_step, 1e-6))
         self._horizon = max(1, min(int(self.optim_cfg["max_steps"]), est))
 
+
+
+class GraspPolicyModule(TimedCosineModule):
+    """Trains :class:`GraspNet` on :class:`policies.data.PolicyFrames` batches.
+
+    Args:
+        network: ``GraspNet`` keyword arguments (``angle_bins``, ``base_channels``, ``dilations``).
+        loss: :data:`DEFAULT_LOSS` overrides.
+        optim: ``lr``, ``weight_decay``, ``scheduler`` (``cosine`` or ``none``), ``warmup_steps``,
+            ``max_steps`` (the cosine horizon) and ``max_time_s`` (a time budget: the horizon
+            is then re-estimated as training goes, so the schedule ends with the budget).
+        view: the network view as ``NetworkView.to_dict()`` (saved with the checkpoint so
+            an artifact can be exported from it alone).
+        calibration: the nominal calibration dict (ditto).
+        config: the resolved policy config (saved with the checkpoint).
+    """
+
+    def __init__(
+        self,
+        network: dict | DictConfig | None = None,
+        loss: dict | DictConfig | None = None,
+        optim: dict | DictConfig | None = None,
+        view: dict | None = None,
+        calibration: dict | None = None,
+        config: dict | None = None,
+    ) -> None:
+        super().__init__(optim)
+        network, loss, optim = _as_dict(network), _as_dict(loss), _as_dict(optim)
+        self.save_hyperparameters(
+            {"network": network, "loss": loss, "optim": optim, "view": view, "calibration": calibration,
+             "config": config}
+        )
+        net_kw = dict(network)
+        if "dilations" in net_kw:
+            net_kw["dilations"] = tuple(net_kw["dilations"])
+        self.net = GraspNet(**net_kw)
+        self.loss_cfg = {**DEFAULT_LOSS, **loss}
+
+    @property
+    def angle_bins(self) -> int:
+        return self.net.angle_bins
+
+    def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.net(image)
+
+    # ---------------------------------------------------------------- steps
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self.net(batch["image"])
+        losses = grasp_losses(out, batch, self.loss_cfg, step=int(self.global_step))
+        n = batch["image"].shape[0]
+        for k, v in losses.items():
+            self.log(f"train/{k}", v, prog_bar=(k == "loss"), batch_size=n)
+        return losses["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.net(batch["image"])
+        losses = grasp_losses(out, batch, self.loss_cfg)
+        n = batch["image"].shape[0]
+        for k, v in losses.items():
+            self.log(f"val/{k}", v, batch_size=n, prog_bar=(k == "loss"))
+        for k, v in grasp_metrics(out, batch).items():
+            self.log(f"val/{k}", v, batch_size=n)
 
 @torch.no_grad()
 def grasp_metrics(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

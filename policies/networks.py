@@ -13,6 +13,10 @@
   seen from above), metres above ``table_z``, in ``[0, HEIGHT_MAX]``: what the grasp rule
   of :mod:`perception.rule` runs on in the decode.
 
+:class:`GeometryNet` (same trunk, :class:`UNet`) maps a *camera*-view image to the height of
+what each pixel sees and a part mask (:mod:`policies.geometry`); :class:`GeometryExport` is
+its deployed graph.
+
 Width and heights are bounded by a sigmoid, so the exported graph cannot produce an
 opening the gripper lacks or a height far above the bin. :class:`ExportWrapper` applies
 the sigmoid to the quality logits for the ONNX artifact (outputs ``quality``, ``width``,
@@ -27,7 +31,7 @@ from torch import nn
 
 from perception.frames import GRIPPER_MAX_WIDTH
 
-__all__ = ["GraspNet", "ExportWrapper", "HEIGHT_MAX", "count_parameters"]
+__all__ = ["UNet", "GraspNet", "GeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters"]
 
 #: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
 #: objects rest in the bin; fingertips go below the top of the part they close around).
@@ -60,7 +64,40 @@ class _Residual(nn.Module):
         return F.relu(x + self.b(self.a(x)))
 
 
-class GraspNet(nn.Module):
+class UNet(nn.Module):
+    """The shared trunk: a small U-Net (two 2x downsamplings, dilated residual blocks at 1/4)
+    ending in a 1x1 head of ``out_channels`` raw maps at input resolution.
+
+    Args:
+        out_channels: channels of the head.
+        base_channels: channels at full resolution; 2x and 4x at 1/2 and 1/4.
+        dilations: dilations of the residual blocks at 1/4 resolution (receptive field).
+    """
+
+    def __init__(self, out_channels: int, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
+        super().__init__()
+        c = int(base_channels)
+        self.stem = nn.Sequential(_conv(3, c), _conv(c, c))
+        self.down1 = nn.Sequential(_conv(c, 2 * c, stride=2), _conv(2 * c, 2 * c))
+        self.down2 = nn.Sequential(_conv(2 * c, 4 * c, stride=2), _conv(4 * c, 4 * c))
+        self.mid = nn.Sequential(*[_Residual(4 * c, int(d)) for d in dilations])
+        self.up1 = nn.Sequential(_conv(6 * c, 2 * c), _conv(2 * c, 2 * c))
+        self.up2 = _conv(3 * c, c)
+        self.head = nn.Conv2d(c, int(out_channels), 1)
+
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, 3, H, W)`` -> the head's raw ``(N, out_channels, H, W)``."""
+        f1 = self.stem(x)
+        f2 = self.down1(f1)
+        f3 = self.mid(self.down2(f2))
+        u = F.interpolate(f3, size=f2.shape[-2:], mode="bilinear", align_corners=False)
+        u = self.up1(torch.cat([u, f2], dim=1))
+        u = F.interpolate(u, size=f1.shape[-2:], mode="bilinear", align_corners=False)
+        u = self.up2(torch.cat([u, f1], dim=1))
+        return self.head(u)
+
+
+class GraspNet(UNet):
     """U-Net-like grasp network (about 0.27M parameters at ``base_channels=16``).
 
     Args:
@@ -75,30 +112,15 @@ class GraspNet(nn.Module):
     """
 
     def __init__(self, angle_bins: int = 12, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
-        super().__init__()
-        c = int(base_channels)
+        super().__init__(int(angle_bins) + 3, base_channels, dilations)
         self.angle_bins = int(angle_bins)
-        self.stem = nn.Sequential(_conv(3, c), _conv(c, c))
-        self.down1 = nn.Sequential(_conv(c, 2 * c, stride=2), _conv(2 * c, 2 * c))
-        self.down2 = nn.Sequential(_conv(2 * c, 4 * c, stride=2), _conv(4 * c, 4 * c))
-        self.mid = nn.Sequential(*[_Residual(4 * c, int(d)) for d in dilations])
-        self.up1 = nn.Sequential(_conv(6 * c, 2 * c), _conv(2 * c, 2 * c))
-        self.up2 = _conv(3 * c, c)
-        self.head = nn.Conv2d(c, self.angle_bins + 3, 1)
         # Start pessimistic: most pixels are not graspable (stabilises the first steps).
         with torch.no_grad():
             self.head.bias[: self.angle_bins].fill_(-2.0)
             self.head.bias[self.angle_bins :].zero_()
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        f1 = self.stem(x)
-        f2 = self.down1(f1)
-        f3 = self.mid(self.down2(f2))
-        u = F.interpolate(f3, size=f2.shape[-2:], mode="bilinear", align_corners=False)
-        u = self.up1(torch.cat([u, f2], dim=1))
-        u = F.interpolate(u, size=f1.shape[-2:], mode="bilinear", align_corners=False)
-        u = self.up2(torch.cat([u, f1], dim=1))
-        out = self.head(u)
+        out = self.trunk(x)
         A = self.angle_bins
         return {
             "quality_logits": out[:, :A],
@@ -106,6 +128,38 @@ class GraspNet(nn.Module):
             "height": HEIGHT_MAX * torch.sigmoid(out[:, A + 1 : A + 2]),
             "surface": HEIGHT_MAX * torch.sigmoid(out[:, A + 2 : A + 3]),
         }
+
+
+class GeometryNet(UNet):
+    """Geometry from RGB in the camera view (:mod:`policies.geometry`).
+
+    Shape:
+        input ``(N, 3, H, W)`` a camera-view image (``kind="camera"``, where a part's edges
+        are the image's edges); outputs ``height (N, 1, H, W)``, metres above the table of
+        the surface each pixel sees, in ``[0, HEIGHT_MAX]``, and ``object_logits (N, 1, H, W)``,
+        the logit of "this pixel sees a part" (not the table, the bin or the floor).
+    """
+
+    def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
+        super().__init__(2, base_channels, dilations)
+        with torch.no_grad():
+            self.head.bias.copy_(torch.tensor([-2.0, -2.0]))  # most pixels see the floor
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.trunk(x)
+        return {"height": HEIGHT_MAX * torch.sigmoid(out[:, :1]), "object_logits": out[:, 1:2]}
+
+
+class GeometryExport(nn.Module):
+    """The deployed geometry graph: ``image -> (height, object)``, object a probability."""
+
+    def __init__(self, net: GeometryNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.net(image)
+        return out["height"], torch.sigmoid(out["object_logits"])
 
 
 class ExportWrapper(nn.Module):

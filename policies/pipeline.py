@@ -208,6 +208,10 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         from policies.base import base_digest
 
         p_payload["base_digest"] = base_digest(p_cfg["base"])  # a retrained base trains anew
+    if p_cfg.get("geometry"):
+        from policies.base import base_digest
+
+        p_payload["geometry_digest"] = base_digest(p_cfg["geometry"])  # a retrained geometry network exports anew
 
     def make_policy(d: Path) -> dict:
         summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": to_plain(cfg.get("logger"))}),

@@ -57,6 +57,13 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
 
         check_base_fits(load_base(pcfg.base), OmegaConf.to_container(pcfg, resolve=True)
                         if isinstance(pcfg, DictConfig) else dict(pcfg))
+    if pcfg.get("geometry"):
+        from policies.base import load_base
+        from policies.geometry import GEOMETRY_FORMAT
+
+        load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
+        if kind != "table":
+            raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
     rule = (pcfg.get("decode") or {}).get("rule")
     if rule is None:
         return
@@ -241,7 +248,7 @@ def train_policy(
 
         sample = next(iter(val_loader if val_loader is not None else train_loader))["image"][:2].numpy()
         art = export_artifact(
-            module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample,
+            module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample, geometry=geometry_export(pcfg),
             training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
                                               "n_val_frames", "adapted", "base")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
         )
@@ -250,6 +257,21 @@ def train_policy(
         atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1, default=_jsonable) + "\n")
     tlog.finish()
     return summary
+
+
+def geometry_export(pcfg: DictConfig | dict) -> dict | None:
+    """The ``geometry`` argument of :func:`policies.export.export_artifact` for ``policy.geometry``
+    (a shipped geometry network put into the artifact as it is), or ``None``."""
+    pcfg = policy_config(pcfg)
+    if not pcfg.get("geometry"):
+        return None
+    from policies.base import base_digest, load_base
+    from policies.geometry import GEOMETRY_FORMAT
+
+    opts = pcfg.get("geometry_decode")
+    return {"base": load_base(pcfg.geometry, GEOMETRY_FORMAT),
+            "options": OmegaConf.to_container(opts, resolve=True) if isinstance(opts, DictConfig) else dict(opts or {}),
+            "info": {"name": str(pcfg.geometry), "digest": base_digest(pcfg.geometry)}}
 
 
 def _jsonable(o: Any) -> Any:

@@ -28,6 +28,13 @@ def test_metadata_round_trip(artifact_dir, calib):
     assert meta.calibration.digest() == calib.digest()
 
 
+def _geometry_entry(meta: dict, onnx: str = "policy.onnx", kind: str = "camera", part_threshold: float = 0.5) -> dict:
+    """A ``geometry`` entry of metadata.json (its ONNX file: one the artifact has)."""
+    return {"onnx": onnx, "input": {"name": "image", "mean": [0.5] * 3, "std": [0.25] * 3},
+            "outputs": {"height": "height", "part": "part"}, "view": {**meta["view"], "kind": kind},
+            "part_threshold": part_threshold, "interior_margin": 0.01, "floor_height": 0.007}
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -41,6 +48,10 @@ def test_metadata_round_trip(artifact_dir, calib):
         (lambda m: m.update(decode={"neighbourhood_px": -1}), "neighbourhood_px"),
         (lambda m: m.update(decode={"blur": 2}), "unknown keys"),
         (lambda m: m["view"].update(kind="fisheye"), "view"),
+        (lambda m: m.update(geometry=_geometry_entry(m, onnx="nope.onnx")), "geometry ONNX file .* not found"),
+        (lambda m: m.update(geometry=_geometry_entry(m, kind="table")), "must be a camera view"),
+        (lambda m: m.update(geometry=_geometry_entry(m, part_threshold=1.5)), "part_threshold"),
+        (lambda m: m.update(geometry={**_geometry_entry(m), "outputs": {"height": "h"}}), "outputs' field 'part'|'part' is missing"),
     ],
 )
 def test_bad_metadata_is_refused(tmp_path, artifact_dir, mutate, message):
@@ -241,6 +252,16 @@ def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, 
     meta["decode"]["on_part_px"] = -1
     (d / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match="on_part_px"):
+        load_metadata(d)
+    # a geometry graph: read with its numbers; its surface is rebuilt onto the policy's top-down view only
+    meta["decode"]["on_part_px"] = 1
+    meta["geometry"] = _geometry_entry(meta)
+    (d / "metadata.json").write_text(json.dumps(meta))
+    g = load_metadata(d).geometry
+    assert g is not None and g.part_threshold == 0.5 and g.floor_height == 0.007 and not g.view.is_table
+    meta["view"]["kind"] = "camera"
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="needs a top-down policy view"):
         load_metadata(d)
 
 

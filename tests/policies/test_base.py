@@ -45,18 +45,21 @@ def _base_cfg(tmp_path):
         "randomization.overrides=['render.resolution_scale=0.25']",
         "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
         "policy.max_steps=2", "policy.max_time_s=null", "policy.val_every_n_steps=2", "policy.val_fraction=0.25",
-        "logger=none"])
+        "geometry.view_size=[64,48]", "geometry.network.base_channels=8", "geometry.batch_size=2",
+        "geometry.max_steps=2", "geometry.max_time_s=null", "geometry.val_every_n_steps=2",
+        "geometry.val_fraction=0.25", "logger=none"])
 
 
 @pytest.fixture(scope="module")
 def small_base(tmp_path_factory):
-    """A base trained for two steps on two scenes from each of two opposite camera mounts."""
+    """A base and a geometry network trained for two steps on two scenes from each of two opposite camera mounts."""
     root = tmp_path_factory.mktemp("base")
-    return root, train_base(_base_cfg(root))
+    res = train_base(_base_cfg(root))
+    return root, res["policy"], res["geometry"]
 
 
 def test_a_base_trains_on_two_cameras_and_a_policy_starts_from_it(small_base, tmp_path):
-    root, res = small_base
+    root, res, _ = small_base
     path = base_path(res["base"])
     data = load_base(path)  # weights_only: nothing pickled
     assert data["data"]["scenes"] == 4 and len(data["data"]["cameras"]) == 2
@@ -131,3 +134,48 @@ def test_the_shipped_base_loads_without_pickled_code_and_fits_the_default_policy
     from policies.evaluate import EVAL_SEED_BASE
 
     assert data["data"]["seed"] >= 2 * EVAL_SEED_BASE
+
+
+def test_the_geometry_network_trains_beside_the_base_and_goes_into_the_artifact(small_base, tmp_path):
+    """sim2real-train-base's geometry part (a real Lightning Trainer, two steps), then a policy whose
+    artifact carries it: the runner's surface is the one rebuilt from the geometry graph."""
+    from perception.artifact import PolicyRunner, load_metadata
+    from perception.decode import decode_grasp
+    from policies.geometry import GEOMETRY_FORMAT
+    from sim_render.api import compose_config
+    from sim_render.reader import SimFrameDataset
+
+    root, _, geo = small_base
+    data = load_base(geo["base"], GEOMETRY_FORMAT)  # weights_only
+    assert data["global_step"] == 2 and data["view_size"] == [64, 48]
+    assert data["data"]["scenes"] == 4
+    for k in ("object_median_m", "object_p90_m", "floor_median_m", "floor_p90_m"):
+        assert np.isfinite(data["errors"][k]) and 0 <= data["errors"][k] <= 0.15
+    assert data["errors"]["floor_pixels"] > data["errors"]["object_pixels"] > 0
+    with pytest.raises(BaseError, match="is not a base of format"):
+        load_base(geo["base"])  # a geometry network is not a policy base
+
+    cfg = compose_config("train_policy", [
+        "policy.base=null", f"policy.geometry={geo['base']}", "policy.view_size=[64,64]",
+        "policy.network.base_channels=8", "policy.batch_size=2", "policy.val_fraction=0.34", "policy.max_steps=1",
+        "policy.decode.rule={support_px: 1}", "policy.decode.on_part_px=1", "logger=none"])
+    summary = train_policy(cfg, [root / "base" / "data" / "cam0"], tmp_path / "policy")
+    meta = load_metadata(summary["artifact"])
+    assert meta.geometry is not None and meta.geometry.view.size == (64, 48) and not meta.geometry.view.is_table
+    assert meta.raw["geometry"]["onnx_max_abs_diff"] <= 1e-4
+
+    runner = PolicyRunner(summary["artifact"])
+    frame = SimFrameDataset(root / "base" / "data" / "cam0", fields=("rgb",))[0]["rgb"]
+    height, part = runner.geometry_maps(frame)
+    assert height.shape == part.shape == (48, 64) and np.all((part >= 0) & (part <= 1))
+    surface, on_part = runner.geometry_surface(frame)
+    maps = runner.infer(frame)
+    np.testing.assert_array_equal(maps.surface, surface)
+    assert maps.surface.shape == (64, 64) and np.all(np.isfinite(maps.surface))
+    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, 0.0,
+                       surface=maps.surface, **meta.decode)
+    if not on_part.any():  # no part seen: "the bin looks empty"
+        assert dec.grasp is None and "empty" in dec.reason
+    with pytest.raises(ValueError, match="needs the top-down view"):
+        check_policy_config(compose_config("train_policy", [f"policy.geometry={geo['base']}", "policy.view.kind=camera",
+                                                            "policy.base=null"]))
