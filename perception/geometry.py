@@ -43,6 +43,7 @@ __all__ = [
     "view_to_raw_pixels",
     "top_down_max",
     "camera_heights_to_surface",
+    "SurfaceRebuild",
 ]
 
 
@@ -328,6 +329,82 @@ def top_down_max(
     return height, top_label
 
 
+class SurfaceRebuild:
+    """The top-down surface from per-pixel heights in a camera view (the geometry network's output).
+
+    Every camera-view pixel is lifted onto its ray (the view is a pinhole camera with the
+    serving camera's pose) at its height, and the points are binned into ``top_view``
+    keeping each cell's highest (:func:`top_down_max`): the rebuild the ``rule_observed``
+    bracket makes from a depth frame, from predicted heights. The rays and the top view's
+    cells are computed once per calibration; a call costs about 2 ms at 160x120.
+
+    Inside the workspace shrunk by ``interior_margin`` (the bin's interior, where parts
+    are), a cell whose highest point is not on a part is floor: its height is capped at
+    ``floor_height``, so that noise of the predicted height on a textured floor makes no
+    part. Outside it (the bin walls) the heights stand, as obstacles for the fingers.
+
+    Args:
+        calib: the serving calibration.
+        camera_view: the geometry network's view (``kind="camera"``).
+        top_view: the top-down view of the surface (``kind="table"``).
+        interior_margin: metres.
+        floor_height: metres above the table.
+        fill_iterations: see :func:`top_down_max`.
+    """
+
+    def __init__(self, calib: Calibration, camera_view: NetworkView, top_view: NetworkView, interior_margin: float,
+                 floor_height: float, fill_iterations: int = 1) -> None:
+        if camera_view.is_table or not top_view.is_table:
+            raise ValueError("the surface rebuild maps a camera view (kind 'camera') onto a top-down view (kind 'table')")
+        self.calib, self.camera_view, self.top_view = calib, camera_view, top_view
+        self.floor_height, self.fill_iterations = float(floor_height), int(fill_iterations)
+        W, H = camera_view.size
+        vv, uu = np.mgrid[0:H, 0:W]
+        uv1 = np.stack([uu.ravel(), vv.ravel(), np.ones(H * W)], axis=1).astype(np.float64)
+        R = calib.T_base_camera[:3, :3]
+        self._origin = calib.T_base_camera[:3, 3].copy()
+        self._dirs = (uv1 @ np.linalg.inv(camera_view.K).T) @ R.T  # base-frame ray directions
+        (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+        m = float(interior_margin)
+        Wt, Ht = top_view.size
+        ty, tx = np.mgrid[0:Ht, 0:Wt]
+        cell_xy = view_pixels_to_base(np.stack([tx.ravel(), ty.ravel()], axis=1).astype(np.float64), calib, top_view, 0.0)
+        self.interior = ((cell_xy[:, 0] >= x0 + m) & (cell_xy[:, 0] <= x1 - m) & (cell_xy[:, 1] >= y0 + m)
+                         & (cell_xy[:, 1] <= y1 - m)).reshape(Ht, Wt)
+
+    def __call__(self, height: np.ndarray, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """
+        Args:
+            height: ``(H, W)`` metres above ``calib.table_z`` seen at each camera-view pixel.
+            part: ``(H, W)`` bool, whether the pixel sees a part.
+
+        Returns:
+            ``surface`` ``(H', W')`` float32 metres above ``table_z`` (0 where nothing was seen)
+            and ``on_part`` ``(H', W')`` bool, in ``top_view``.
+        """
+        W, H = self.camera_view.size
+        h = np.asarray(height, dtype=np.float64)
+        if h.shape != (H, W) or np.shape(part) != (H, W):
+            raise ValueError(f"height {h.shape} and part {np.shape(part)} must be the camera view's ({H}, {W})")
+        h = h.ravel()
+        z = self.calib.table_z + h
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (z - self._origin[2]) / self._dirs[:, 2]
+        ok = np.isfinite(t) & (t > 0)
+        pts = self._origin + self._dirs[ok] * t[ok, None]
+        tv = np.rint(base_to_view_pixels(pts, self.calib, self.top_view)).astype(np.int64)
+        Wt, Ht = self.top_view.size
+        inside = (tv[:, 0] >= 0) & (tv[:, 0] < Wt) & (tv[:, 1] >= 0) & (tv[:, 1] < Ht)
+        labels = np.asarray(part, dtype=bool).ravel()[ok].astype(np.uint8)
+        top, top_part = top_down_max(tv[inside, 0], tv[inside, 1], h[ok][inside], labels[inside], (Ht, Wt),
+                                     self.fill_iterations)
+        known = np.isfinite(top)
+        surface = np.where(known, top, 0.0)
+        on_part = known & (top_part > 0)
+        surface = np.where(self.interior & ~on_part, np.minimum(surface, self.floor_height), surface)
+        return surface.astype(np.float32), on_part
+
+
 def camera_heights_to_surface(
     height: np.ndarray,
     part: np.ndarray,
@@ -338,56 +415,5 @@ def camera_heights_to_surface(
     floor_height: float,
     fill_iterations: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The top-down surface from per-pixel heights in a camera view (the geometry network's output).
-
-    Every camera-view pixel is lifted onto its ray (the view is a pinhole camera with the
-    serving camera's pose) at its height, and the points are binned into ``top_view``
-    keeping each cell's highest (:func:`top_down_max`): the rebuild the ``rule_observed``
-    bracket makes from a depth frame, from predicted heights.
-
-    Inside the workspace shrunk by ``interior_margin`` (the bin's interior, where parts
-    are), a cell whose highest point is not on a part is floor: its height is capped at
-    ``floor_height``, so that noise of the predicted height on a textured floor makes no
-    part. Outside it (the bin walls) the heights stand, as obstacles for the fingers.
-
-    Args:
-        height: ``(H, W)`` metres above ``calib.table_z`` seen at each camera-view pixel.
-        part: ``(H, W)`` bool, whether the pixel sees a part.
-        calib: the serving calibration.
-        camera_view: the geometry network's view (``kind="camera"``).
-        top_view: the top-down view of the surface (``kind="table"``).
-        interior_margin: metres.
-        floor_height: metres above the table.
-        fill_iterations: see :func:`top_down_max`.
-
-    Returns:
-        ``surface`` ``(H', W')`` float32 metres above ``table_z`` (0 where nothing was seen)
-        and ``on_part`` ``(H', W')`` bool, in ``top_view``.
-    """
-    if camera_view.is_table or not top_view.is_table:
-        raise ValueError("camera_heights_to_surface maps a camera view (kind 'camera') onto a top-down view (kind 'table')")
-    h = np.asarray(height, dtype=np.float64)
-    W, H = camera_view.size
-    if h.shape != (H, W) or np.shape(part) != (H, W):
-        raise ValueError(f"height {h.shape} and part {np.shape(part)} must be the camera view's ({H}, {W})")
-    vv, uu = np.mgrid[0:H, 0:W]
-    ok = np.isfinite(h)
-    uv = np.stack([uu[ok], vv[ok]], axis=1).astype(np.float64)
-    pts = view_pixels_to_base(uv, calib, camera_view, calib.table_z + h[ok])
-    tv = np.rint(base_to_view_pixels(pts, calib, top_view)).astype(np.int64)
-    Wt, Ht = top_view.size
-    inside = (tv[:, 0] >= 0) & (tv[:, 0] < Wt) & (tv[:, 1] >= 0) & (tv[:, 1] < Ht)
-    labels = np.asarray(part, dtype=bool)[ok].astype(np.uint8)
-    top, top_part = top_down_max(tv[inside, 0], tv[inside, 1], pts[inside, 2] - calib.table_z, labels[inside],
-                                 (Ht, Wt), fill_iterations)
-    known = np.isfinite(top)
-    surface = np.where(known, top, 0.0)
-    on_part = known & (top_part > 0)
-    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
-    m = float(interior_margin)
-    vy, vx = np.mgrid[0:Ht, 0:Wt]
-    cell_xy = view_pixels_to_base(np.stack([vx.ravel(), vy.ravel()], axis=1).astype(np.float64), calib, top_view, 0.0)
-    interior = ((cell_xy[:, 0] >= x0 + m) & (cell_xy[:, 0] <= x1 - m) & (cell_xy[:, 1] >= y0 + m)
-                & (cell_xy[:, 1] <= y1 - m)).reshape(Ht, Wt)
-    surface = np.where(interior & ~on_part, np.minimum(surface, float(floor_height)), surface)
-    return surface.astype(np.float32), on_part
+    """One :class:`SurfaceRebuild` call (see it for the arguments and the result)."""
+    return SurfaceRebuild(calib, camera_view, top_view, interior_margin, floor_height, fill_iterations)(height, part)

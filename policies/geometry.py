@@ -256,6 +256,9 @@ def train_geometry(
         logger_cfg: the ``logger`` group (CSV by default).
         fast_dev_run: Lightning's smoke-test mode.
 
+    ``geometry.init_from`` (a geometry base) starts from its weights with a fresh optimiser:
+    more training on the same renders.
+
     Returns:
         ``path``, ``network``, ``view_size``, ``margin``, ``metrics``, ``errors``
         (:func:`geometry_errors` on the validation frames), ``global_step``, ``train_time_s``,
@@ -279,6 +282,11 @@ def train_geometry(
         optim={**g["optim"], "max_steps": int(g["max_steps"]), "max_time_s": g.get("max_time_s")},
         view=view.to_dict(), calibration=calib.to_dict(), config=g,
     )
+    if g.get("init_from"):
+        from policies.base import load_base
+
+        module.net.load_state_dict(load_base(g["init_from"], GEOMETRY_FORMAT)["state_dict"])
+        log.info("geometry: continuing from %s", g["init_from"])
     tlog = policy_logger(logger_cfg, out, {"geometry": g, "seed": int(seed)})
     import datetime
 
