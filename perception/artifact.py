@@ -140,8 +140,8 @@ def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
     if not 0.0 < thr < 1.0 or not 0.0 <= margin < 0.5 or not 0.0 <= floor < 0.1:
         raise ArtifactError("field 'geometry': part_threshold in (0, 1), interior_margin in [0, 0.5) m, "
                             "floor_height in [0, 0.1) m")
-    return GeometryMetadata(onnx_path=root / name, input_name=input_name, mean=_triple(inp, "mean"),
-                            std=_triple(inp, "std"), outputs=outputs, view=view, part_threshold=thr,
+    return GeometryMetadata(onnx_path=root / name, input_name=input_name, mean=_triple(inp, "mean", "geometry.input"),
+                            std=_triple(inp, "std", "geometry.input"), outputs=outputs, view=view, part_threshold=thr,
                             interior_margin=margin, floor_height=floor)
 
 
@@ -193,15 +193,15 @@ def _req(d: Any, key: str, where: str = "metadata") -> Any:
     return d[key]
 
 
-def _triple(d: dict, key: str) -> tuple[float, float, float]:
+def _triple(d: dict, key: str, where: str = "input") -> tuple[float, float, float]:
     try:
         vals = tuple(float(v) for v in d[key])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"artifact metadata field 'input.{key}' must be 3 numbers") from exc
+        raise ArtifactError(f"artifact metadata field '{where}.{key}' must be 3 numbers") from exc
     if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
-        raise ArtifactError(f"artifact metadata field 'input.{key}' must be 3 finite numbers")
+        raise ArtifactError(f"artifact metadata field '{where}.{key}' must be 3 finite numbers")
     if key == "std" and any(v <= 0 for v in vals):
-        raise ArtifactError("artifact metadata field 'input.std' must be positive")
+        raise ArtifactError(f"artifact metadata field '{where}.std' must be positive")
     return vals  # type: ignore[return-value]
 
 
@@ -485,7 +485,11 @@ class PolicyRunner:
                            if k in self.meta.outputs]
         g = self.meta.geometry
         self.geometry_session = None if g is None else session(g.onnx_path)
-        self._rebuilds: dict[str, SurfaceRebuild] = {}  # by calibration digest
+        # The serving calibration's rebuild is made once; per-frame calibrations (the twin's
+        # evaluation) are kept by digest.
+        self._serving_rebuild = None if g is None else SurfaceRebuild(calib, g.view, self.view, g.interior_margin,
+                                                                      g.floor_height)
+        self._rebuilds: dict[str, SurfaceRebuild] = {}
         self._pool = None
         if g is not None:
             from concurrent.futures import ThreadPoolExecutor
@@ -567,14 +571,16 @@ class PolicyRunner:
         """The top-down ``surface`` (metres above ``table_z``) and ``on_part`` maps in the policy's
         view, rebuilt from the geometry graph's heights through the serving calibration."""
         g = self.meta.geometry
-        calib = self.calib if calibration is None else calibration
-        height, part = self.geometry_maps(raw_rgb, calib)
-        key = calib.digest()
-        rebuild = self._rebuilds.get(key)
-        if rebuild is None:
-            if len(self._rebuilds) >= 8:  # per-frame calibrations (the twin's evaluation): keep a few
-                self._rebuilds.clear()
-            rebuild = self._rebuilds[key] = SurfaceRebuild(calib, g.view, self.view, g.interior_margin, g.floor_height)
+        height, part = self.geometry_maps(raw_rgb, calibration)
+        rebuild = self._serving_rebuild
+        if calibration is not None:
+            key = calibration.digest()
+            rebuild = self._rebuilds.get(key)
+            if rebuild is None:
+                if len(self._rebuilds) >= 8:  # keep a few
+                    self._rebuilds.clear()
+                rebuild = self._rebuilds[key] = SurfaceRebuild(calibration, g.view, self.view, g.interior_margin,
+                                                               g.floor_height)
         return rebuild(height, part >= g.part_threshold)
 
     def infer_view(self, view_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
