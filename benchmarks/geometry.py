@@ -31,20 +31,16 @@ sys.path.insert(0, str(ROOT))
 from perception.calibration import Calibration, default_calibration_path  # noqa: E402
 from perception.imageio import read_image  # noqa: E402
 from perception.preprocess import preprocess, to_network_input  # noqa: E402
-from policies.base import load_base  # noqa: E402
-from policies.geometry import GEOMETRY_FORMAT, GeometryFrames, geometry_errors, geometry_record, geometry_view  # noqa: E402
+from policies.geometry import (  # noqa: E402
+    GeometryFrames,
+    geometry_errors,
+    geometry_record,
+    geometry_view,
+    load_geometry_net,
+)
 from policies.networks import HEIGHT_MAX, GeometryNet  # noqa: E402
 
 HELD_OUT_SEED = 3_000_000
-
-
-def load_net(name: str) -> tuple[GeometryNet, dict]:
-    data = load_base(name, GEOMETRY_FORMAT)
-    kw = dict(data["network"])
-    kw["dilations"] = tuple(kw.get("dilations", (2, 4)))
-    net = GeometryNet(**kw)
-    net.load_state_dict(data["state_dict"])
-    return net.eval(), data
 
 
 def held_out_errors(net: GeometryNet, data: dict, scenes: int) -> dict:
@@ -93,7 +89,7 @@ def main() -> None:
     ap.add_argument("--panel", type=Path, default=ROOT / "docs" / "images" / "geometry_real.png")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    net, data = load_net(args.geometry)
+    net, data = load_geometry_net(args.geometry)
     if args.scenes > 0:
         t0 = time.perf_counter()
         res = held_out_errors(net, data, args.scenes)

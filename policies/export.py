@@ -158,15 +158,11 @@ GEOMETRY_OUTPUT_NAMES = ("height", "part")
 
 def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify_atol: float) -> dict:
     """Write the geometry graph into the artifact folder ``tmp``; its ``metadata.json`` entry."""
-    from policies.geometry import geometry_view
-    from policies.networks import GeometryExport, GeometryNet
+    from policies.geometry import geometry_net, geometry_view
+    from policies.networks import GeometryExport
 
     base = geometry["base"]
-    net_kw = dict(base["network"])
-    if "dilations" in net_kw:
-        net_kw["dilations"] = tuple(net_kw["dilations"])
-    net = GeometryNet(**net_kw)
-    net.load_state_dict(base["state_dict"])
+    net = geometry_net(base)
     view = geometry_view(calibration, {"view_size": base["view_size"], "margin": base["margin"]})
     wrapper = GeometryExport(net)
     export_graph(wrapper, tmp / GEOMETRY_ONNX_FILE, view.size, GEOMETRY_OUTPUT_NAMES)

@@ -42,10 +42,10 @@ from perception.calibration import Calibration
 from perception.geometry import NetworkView, make_view
 from perception.preprocess import preprocess, to_network_input
 from policies.module import TimedCosineModule
-from policies.networks import GeometryNet
+from policies.networks import GeometryNet, network_kwargs
 from sim_render.dataset import SEG_FIRST_OBJECT
 
-__all__ = ["GeometryFrames", "GeometryModule", "geometry_losses", "geometry_errors", "geometry_view",
+__all__ = ["GeometryFrames", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
            "make_geometry_datasets", "train_geometry", "GEOMETRY_FORMAT"]
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,22 @@ GEOMETRY_FORMAT = "sim2real-grasp-geometry-base"
 def geometry_view(calib: Calibration, gcfg: dict | DictConfig) -> NetworkView:
     """The camera view the geometry network sees, built on ``calib`` from ``geometry.view_size`` and ``geometry.margin``."""
     return make_view(calib, tuple(int(v) for v in gcfg["view_size"]), "camera", margin=float(gcfg["margin"]))
+
+
+def geometry_net(data: dict) -> GeometryNet:
+    """The network of a geometry file's contents (``network`` + ``state_dict``), in eval mode."""
+    net = GeometryNet(**network_kwargs(data["network"]))
+    net.load_state_dict(data["state_dict"])
+    return net.eval()
+
+
+def load_geometry_net(name: str | Path) -> tuple[GeometryNet, dict]:
+    """A shipped (or saved) geometry network, in eval mode, and its file's contents
+    (:func:`policies.base.load_base` with :data:`GEOMETRY_FORMAT`: nothing unpickled)."""
+    from policies.base import load_base
+
+    data = load_base(name, GEOMETRY_FORMAT)
+    return geometry_net(data), data
 
 
 def geometry_record(item: dict, calib: Calibration, view: NetworkView) -> dict:
@@ -187,9 +203,7 @@ class GeometryModule(TimedCosineModule):
         network = dict(network or {})
         self.save_hyperparameters({"network": network, "loss": loss, "optim": optim, "view": view,
                                    "calibration": calibration, "config": config})
-        if "dilations" in network:
-            network["dilations"] = tuple(network["dilations"])
-        self.net = GeometryNet(**network)
+        self.net = GeometryNet(**network_kwargs(network))
         self.loss_cfg = {"height_weight": 20.0, "mask_weight": 1.0, "object_weight": 4.0, **(loss or {})}
 
     def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -197,16 +211,13 @@ class GeometryModule(TimedCosineModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = geometry_losses(self.net(batch["image"]), batch, self.loss_cfg)
-        n = batch["image"].shape[0]
-        for k, v in losses.items():
-            self.log(f"train/{k}", v, prog_bar=(k == "loss"), batch_size=n)
+        self.log_losses("train", losses, batch["image"].shape[0])
         return losses["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.net(batch["image"])
         n = batch["image"].shape[0]
-        for k, v in geometry_losses(out, batch, self.loss_cfg).items():
-            self.log(f"val/{k}", v, batch_size=n)
+        self.log_losses("val", geometry_losses(out, batch, self.loss_cfg), n, prog_bar=False)
         known, obj = batch["known"], batch["object_target"]
         err = (out["height"][:, 0] - batch["height_target"]).abs()
         for name, m in (("object", known & obj), ("floor", known & ~obj)):

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from policies.networks import GraspNet
+from policies.networks import GraspNet, network_kwargs
 
 __all__ = ["TimedCosineModule", "GraspPolicyModule", "DEFAULT_LOSS", "grasp_losses"]
 
@@ -139,6 +139,11 @@ class TimedCosineModule(pl.LightningModule):
         super().__init__()
         self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **_as_dict(optim)}
 
+    def log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int, prog_bar: bool = True) -> None:
+        """Log every loss as ``stage/name`` (``loss`` itself on the progress bar when ``prog_bar``)."""
+        for k, v in losses.items():
+            self.log(f"{stage}/{k}", v, prog_bar=prog_bar and k == "loss", batch_size=batch_size)
+
     def configure_optimizers(self) -> Any:
         o = self.optim_cfg
         opt = torch.optim.AdamW(self.parameters(), lr=float(o["lr"]), weight_decay=float(o["weight_decay"]))
@@ -211,10 +216,7 @@ class GraspPolicyModule(TimedCosineModule):
             {"network": network, "loss": loss, "optim": optim, "view": view, "calibration": calibration,
              "config": config}
         )
-        net_kw = dict(network)
-        if "dilations" in net_kw:
-            net_kw["dilations"] = tuple(net_kw["dilations"])
-        self.net = GraspNet(**net_kw)
+        self.net = GraspNet(**network_kwargs(network))
         self.loss_cfg = {**DEFAULT_LOSS, **loss}
 
     @property
@@ -228,17 +230,14 @@ class GraspPolicyModule(TimedCosineModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.net(batch["image"])
         losses = grasp_losses(out, batch, self.loss_cfg, step=int(self.global_step))
-        n = batch["image"].shape[0]
-        for k, v in losses.items():
-            self.log(f"train/{k}", v, prog_bar=(k == "loss"), batch_size=n)
+        self.log_losses("train", losses, batch["image"].shape[0])
         return losses["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.net(batch["image"])
         losses = grasp_losses(out, batch, self.loss_cfg)
         n = batch["image"].shape[0]
-        for k, v in losses.items():
-            self.log(f"val/{k}", v, batch_size=n, prog_bar=(k == "loss"))
+        self.log_losses("val", losses, n)
         for k, v in grasp_metrics(out, batch).items():
             self.log(f"val/{k}", v, batch_size=n)
 

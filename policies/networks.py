@@ -25,17 +25,30 @@ the sigmoid to the quality logits for the ONNX artifact (outputs ``quality``, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from perception.frames import GRIPPER_MAX_WIDTH
 
-__all__ = ["UNet", "GraspNet", "GeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters"]
+__all__ = ["UNet", "GraspNet", "GeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
+           "network_kwargs"]
 
 #: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
 #: objects rest in the bin; fingertips go below the top of the part they close around).
 HEIGHT_MAX = 0.15
+
+
+def network_kwargs(network: Mapping[str, Any]) -> dict[str, Any]:
+    """A network config (``policy.network``, a checkpoint's or a base's ``network``) as keyword
+    arguments of :class:`GraspNet` / :class:`GeometryNet` (``dilations`` as a tuple)."""
+    kw = dict(network)
+    if "dilations" in kw:
+        kw["dilations"] = tuple(kw["dilations"])
+    return kw
 
 
 def count_parameters(module: nn.Module) -> int:
