@@ -45,17 +45,19 @@ class BaseError(ValueError):
     """A base that is missing, unreadable or does not fit the policy config."""
 
 
-def base_path(name: str | Path) -> Path:
-    """The file of a base: a name shipped in ``policies/bases/`` (``grasp_base_v1``) or a path."""
+def base_path(name: str | Path, what: str = "policy base") -> Path:
+    """The file of a base: a name shipped in ``policies/bases/`` (``grasp_base_v1``) or a path.
+
+    ``what`` names it in the errors (``"geometry network"`` for ``policy.geometry``)."""
     p = Path(str(name))
     if p.suffix == ".pt" or p.is_file() or len(p.parts) > 1:
         if not p.is_file():
-            raise BaseError(f"policy base file not found: {p}")
+            raise BaseError(f"{what} file not found: {p}")
         return p
     shipped = BASE_DIR / f"{p.name}.pt"
     if not shipped.is_file():
         have = sorted(q.stem for q in BASE_DIR.glob("*.pt"))
-        raise BaseError(f"no shipped policy base named {p.name!r} (shipped: {have or 'none'})")
+        raise BaseError(f"no shipped {what} named {p.name!r} (shipped: {have or 'none'})")
     return shipped
 
 
@@ -74,7 +76,7 @@ def load_base(name: str | Path, fmt: int | str = BASE_FORMAT) -> dict:
     """
     import torch
 
-    path = base_path(name)
+    path = base_path(name, "policy base" if fmt == BASE_FORMAT else "geometry network")
     try:
         data = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: say which
