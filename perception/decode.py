@@ -17,6 +17,7 @@ than none. An artifact with a geometry graph (:mod:`perception.artifact`) hands 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -25,7 +26,8 @@ import numpy as np
 from perception.calibration import Calibration
 from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.geometry import NetworkView, project_points, view_pixels_to_base
-from perception.grasp import Grasp, angle_bin_centers, view_grasp_to_base
+from perception.grasp import Grasp, angle_bin_centers, normalize_angle, view_grasp_to_base
+from perception.repeats import DEFAULT_REPEATS
 from perception.rule import DEFAULT_RULE, fitting_grasps, object_cells, rule_options, support_score
 
 __all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
@@ -95,6 +97,9 @@ def decode_grasp(
     surface: np.ndarray | None = None,
     rule: dict | None = None,
     on_part_px: int | None = None,
+    avoid: Sequence[Grasp] = (),
+    avoid_radius: float = DEFAULT_REPEATS["radius"],
+    avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -127,6 +132,10 @@ def decode_grasp(
             ``min_object_px`` cells, inside the workspace clear of the walls); with no part
             at all the answer is no grasp, with the reason that the bin looks empty. Table
             views only.
+        avoid: grasps not to answer (:class:`perception.repeats.RepeatGuard`: they just
+            failed on this scene): no candidate whose centre, at its own fingertip height,
+            is within ``avoid_radius`` metres (in ``x, y``) of one and whose yaw is within
+            ``avoid_yaw`` radians of its yaw.
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
@@ -161,6 +170,12 @@ def decode_grasp(
     rule_width = None
     if rule is not None:
         q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
+    avoided = False
+    if len(avoid):
+        blocked = _avoided(avoid, hmap, calib, view, A, float(avoid_radius), float(avoid_yaw))
+        if blocked is not None:
+            avoided = bool((q[blocked] >= threshold).any())
+            q = np.where(blocked, -np.inf, q)
     abin = q.argmax(axis=0)
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
@@ -171,10 +186,13 @@ def decode_grasp(
         if not near.any():
             return _none(f"the bin looks empty: the predicted surface shows no part higher than "
                          f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace")
-        if not (valid & near).any() and valid.any():
+        if not (valid & near).any() and valid.any() and not avoided:
             return _none(f"no grasp on a predicted part reaches the quality threshold {threshold:.2f}")
         valid &= near
     idx = np.flatnonzero(valid)
+    if idx.size == 0 and avoided:
+        return _none(f"every grasp at or above the quality threshold {threshold:.2f} is within "
+                     f"{avoid_radius:.3f} m and {math.degrees(avoid_yaw):.0f} deg of one that just failed on this scene")
     if idx.size == 0:
         best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
         return _none(f"no grasp reaches the quality threshold {threshold:.2f} (best {best:.2f})")
@@ -220,6 +238,36 @@ def decode_grasp(
         angle_bin=a,
         view_angle=angle,
     )
+
+
+def _avoided(
+    avoid: Sequence[Grasp], hmap: np.ndarray, calib: Calibration, view: NetworkView, n_bins: int,
+    radius: float, yaw_tol: float,
+) -> np.ndarray | None:
+    """``(A, H, W)`` bool: the (angle bin, pixel) grasps near one of ``avoid``; ``None``: none."""
+    H, W = hmap.shape
+    vs, us = np.mgrid[0:H, 0:W]
+    uv = np.stack([us.ravel(), vs.ravel()], axis=1).astype(np.float64)
+    h = np.nan_to_num(hmap.reshape(-1).astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    z = np.maximum(calib.table_z + h, calib.table_z + MIN_TIP_CLEARANCE)
+    xy = view_pixels_to_base(uv, calib, view, z)[:, :2]
+    targets = np.asarray([g.position[:2] for g in avoid], dtype=np.float64)
+    dist = np.linalg.norm(xy[:, None, :] - targets[None], axis=2)  # (H*W, n)
+    near = np.flatnonzero((dist < radius).any(axis=1))
+    if near.size == 0:
+        return None
+    # The yaw of every angle bin at each near pixel (it varies across a camera view).
+    angles = angle_bin_centers(n_bins)
+    k = np.repeat(near, n_bins)
+    a = np.tile(np.arange(n_bins), near.size)
+    _, yaw, _ = view_grasp_to_base(uv[k], angles[a], np.full(k.size, _YAW_SEGMENT_PX), z[k], calib, view)
+    blocked = np.zeros((n_bins, H * W), bool)
+    for j, g in enumerate(avoid):
+        close = dist[k, j] < radius
+        turn = np.abs(normalize_angle(yaw - g.yaw))
+        hit = close & (turn < yaw_tol)
+        blocked[a[hit], k[hit]] = True
+    return blocked.reshape(n_bins, H, W) if blocked.any() else None
 
 
 def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.ndarray:

@@ -40,6 +40,7 @@ from perception.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from perception.metrics import Counter, Gauge, Histogram, Registry, resident_memory_bytes
 from perception.overlay import draw_decoded
 from perception.preprocess import PreprocessError
+from perception.repeats import RepeatGuard
 
 __all__ = ["create_app", "GraspService", "main", "DEFAULT_MAX_BODY_BYTES"]
 
@@ -93,6 +94,7 @@ class GraspService:
         quality_threshold: float | None = None,
         workspace_margin: float = 0.0,
         intra_op_num_threads: int | None = None,
+        repeats: dict | None = None,
     ) -> None:
         self.artifact_dir = Path(artifact_dir)
         # Validate everything cheap first, so a mismatch stops the service at start.
@@ -109,6 +111,10 @@ class GraspService:
             raise ValueError(f"quality_threshold must be in [0, 1], got {self.threshold}")
         self.margin = float(workspace_margin)
         self.threads = intra_op_num_threads
+        # None: every frame is answered on its own (the CLI turns the memory on: conf/serve.yaml).
+        self.repeats = None if repeats is None else RepeatGuard(self.calib, repeats)
+        if self.repeats is not None and not self.repeats.enabled:
+            self.repeats = None
         self.runner: PolicyRunner | None = None
         self.load_error: str | None = None
 
@@ -128,11 +134,17 @@ class GraspService:
         """Bytes of one frame -> decoded grasp. Raises ImageDecodeError / PreprocessError."""
         assert self.runner is not None
         rgb = decode_image(body, expected_size=self.calib.image_size)
+        avoid: dict = {}
+        if self.repeats is not None:
+            fingerprint = self.repeats.fingerprint(rgb)
+            avoid = {"avoid": self.repeats.failed(fingerprint), **self.repeats.decode_options}
         maps = self.runner.infer(rgb)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                           self.threshold, self.margin, surface=maps.surface, **self.meta.decode)
+                           self.threshold, self.margin, surface=maps.surface, **self.meta.decode, **avoid)
         if dec.grasp is not None and not grasp_in_workspace(dec.grasp, self.calib, self.margin):
             dec = DecodedGrasp(None, None, None, "grasp refused by the workspace safety check")
+        if self.repeats is not None:
+            self.repeats.answered(fingerprint, dec.grasp)
         return _Result(dec, rgb if keep_rgb else None)
 
     def info(self) -> dict:
@@ -149,6 +161,7 @@ class GraspService:
             "calibration_warnings": list(self.warnings),
             "providers": self.runner.providers if self.runner else None,
             "ready": self.ready,
+            "repeats": None if self.repeats is None else self.repeats.state(),
         }
 
 
@@ -212,6 +225,7 @@ def create_app(
     intra_op_num_threads: int | None = None,
     max_concurrency: int = 2,
     background_load: bool = False,
+    repeats: dict | None = None,
 ) -> FastAPI:
     """Build the grasp service.
 
@@ -226,12 +240,16 @@ def create_app(
         max_concurrency: inferences run at once in worker threads.
         background_load: create the onnxruntime session after start-up in a thread
             (``/healthz`` answers ``503`` until it is ready); by default it is created here.
+        repeats: :func:`perception.repeats.repeat_options` keys: a grasp just answered on a
+            scene that still looks the same around it is not answered again
+            (:class:`perception.repeats.RepeatGuard`); ``None`` or ``memory=0``: off, every
+            frame answered on its own.
 
     Raises:
         ArtifactError, CalibrationError: a bad artifact, or a calibration whose
             ``image_size`` differs from the artifact's (the service must not start).
     """
-    svc = GraspService(artifact_dir, calibration, quality_threshold, workspace_margin, intra_op_num_threads)
+    svc = GraspService(artifact_dir, calibration, quality_threshold, workspace_margin, intra_op_num_threads, repeats)
     for w in svc.warnings:
         log.warning("calibration drift from the trained camera: %s", w)
     if not background_load:
@@ -247,6 +265,8 @@ def create_app(
     registry.add(Gauge("sim2real_model_ready", "1 once the model is loaded", fn=lambda: 1.0 if svc.ready else 0.0))
     registry.add(Gauge("sim2real_calibration_drift_warnings", "calibration differences from the trained camera",
                        fn=lambda: float(len(svc.warnings))))
+    registry.add(Gauge("sim2real_repeats_remembered", "grasps not answered again: they just failed on the unchanged scene",
+                       fn=lambda: float(svc.repeats.state()["remembered"]) if svc.repeats else 0.0))
     registry.add(Gauge("process_resident_memory_bytes", "resident memory of the service", fn=resident_memory_bytes))
 
     @contextlib.asynccontextmanager
@@ -421,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             workspace_margin=float(cfg.workspace_margin),
             intra_op_num_threads=cfg.threads,
             max_concurrency=int(cfg.max_concurrency),
+            repeats=dict(cfg.repeats),
         )
     except (ArtifactError, CalibrationError, ValueError) as exc:
         raise CliError(prog, f"not starting: {exc}") from exc

@@ -30,8 +30,9 @@ def test_soak_concurrent_clients(artifact_dir, calib):
         fmt = "png" if i % 2 else "jpeg"
         frames.append((encode_image(make_test_frame(calib, spot_xy=spot, seed=i), fmt), f"image/{fmt}"))
     port = free_port()
+    # repeats.memory=0: 8 clients share the service, so every frame must be answered on its own.
     proc = subprocess.Popen([str(BIN / "sim2real-serve"), f"artifact={artifact_dir}", f"port={port}", "token=tok",
-                             "threads=1", "max_concurrency=2", "log_level=warning"],
+                             "threads=1", "max_concurrency=2", "log_level=warning", "repeats.memory=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": "Bearer tok"}

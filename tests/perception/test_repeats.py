@@ -1,0 +1,140 @@
+"""A grasp that just failed on an unchanged scene is not answered again (perception/repeats.py)."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from perception.decode import decode_grasp
+from perception.geometry import make_view, project_points
+from perception.grasp import Grasp, normalize_angle
+from perception.imageio import encode_image
+from perception.repeats import DEFAULT_REPEATS, RepeatGuard, changed_blocks, frame_fingerprint, repeat_options
+from perception.testing import make_test_frame
+
+RADIUS, YAW = DEFAULT_REPEATS["radius"], math.radians(DEFAULT_REPEATS["yaw_deg"])
+
+
+def _near(a: Grasp, b: Grasp) -> bool:
+    return (math.dist(a.position[:2], b.position[:2]) < RADIUS
+            and abs(normalize_angle(a.yaw - b.yaw)) < YAW)
+
+
+def _patch(rgb: np.ndarray, calib, xy, value: int, half_px: int = 10) -> np.ndarray:
+    """The frame with a square painted where the table point ``xy`` projects."""
+    out = rgb.copy()
+    u, v = (int(round(c)) for c in project_points(np.array([[xy[0], xy[1], calib.table_z]]), calib)[0])
+    cv2.rectangle(out, (u - half_px, v - half_px), (u + half_px, v + half_px), (value,) * 3, -1)
+    return out
+
+
+def test_fingerprints_see_a_change_not_noise_or_exposure(calib):
+    """New sensor noise and a global exposure shift are no change; a part moved is."""
+    a = frame_fingerprint(make_test_frame(calib, seed=0), 8)
+    noisy = frame_fingerprint(make_test_frame(calib, seed=1), 8)  # same scene, new noise
+    assert not changed_blocks(a, noisy, 5.0, 2.0).any()
+    brighter = frame_fingerprint(np.clip(make_test_frame(calib, seed=1).astype(int) + 20, 0, 255).astype(np.uint8), 8)
+    assert not changed_blocks(a, brighter, 5.0, 2.0).any()
+    moved = frame_fingerprint(_patch(make_test_frame(calib, seed=1), calib, (0.5, 0.0), 200), 8)
+    ch = changed_blocks(a, moved, 5.0, 2.0)
+    assert 4 <= ch.sum() <= 16  # the 21x21 px square covers 3x3 to 4x4 blocks of 8 px
+
+
+def test_options_are_validated():
+    assert repeat_options({"memory": None, "radius": 0.02})["radius"] == 0.02
+    assert repeat_options(None) == DEFAULT_REPEATS
+    for bad in ({"memroy": 3}, {"memory": -1}, {"radius": float("nan")}, {"block_px": 0}, {"yaw_deg": "x"}):
+        with pytest.raises(ValueError, match="repeats"):
+            repeat_options(bad)
+
+
+def test_guard_forgets_on_a_change_near_the_grasp_and_after_memory_answers(calib):
+    guard = RepeatGuard(calib, {"memory": 3})
+    g = Grasp(position=(0.5, 0.0, 0.03), yaw=0.2, width=0.05, quality=0.9)
+    scene = make_test_frame(calib, seed=0)
+    guard.answered(guard.fingerprint(scene), g)
+    assert guard.failed(guard.fingerprint(make_test_frame(calib, seed=1))) == [g]  # unchanged: it failed
+    far = _patch(make_test_frame(calib, seed=2), calib, (0.4, 0.12), 220)  # a change 16 cm away
+    assert guard.failed(guard.fingerprint(far)) == [g]
+    near = _patch(make_test_frame(calib, seed=2), calib, (0.53, 0.0), 220)  # 3 cm away: within its region
+    assert guard.failed(guard.fingerprint(near)) == []  # something moved there: forgotten for good
+    assert guard.failed(guard.fingerprint(scene)) == []
+
+    guard.answered(guard.fingerprint(scene), g)
+    for _ in range(2):
+        guard.answered(guard.fingerprint(scene), None)  # null answers count as answers
+        assert guard.failed(guard.fingerprint(scene)) == [g]
+    guard.answered(guard.fingerprint(scene), None)
+    assert guard.failed(guard.fingerprint(scene)) == []  # memory=3 answers later
+    off = RepeatGuard(calib, {"memory": 0})
+    off.answered(off.fingerprint(scene), g)
+    assert off.failed(off.fingerprint(scene)) == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["table", "camera"]), n_avoid=st.integers(1, 6),
+       threshold=st.sampled_from([0.3, 0.7]), neighbourhood=st.sampled_from([0, 1]))
+def test_decode_never_answers_an_avoided_grasp(calib, seed, kind, n_avoid, threshold, neighbourhood):
+    """Over random maps and random grasps to avoid (the first ones the decode's own answers,
+    so the avoidance is exercised), the answer is never within 1 cm and 15 degrees of one,
+    and stays inside the workspace at or above the threshold."""
+    view = make_view(calib, (40, 32), kind)
+    rng = np.random.default_rng(seed)
+    q = rng.random((6, 32, 40)).astype(np.float32)
+    width = np.full((32, 40), 0.05, np.float32)
+    height = (rng.random((32, 40)) * 0.05).astype(np.float32)
+    avoid: list[Grasp] = []
+    for _ in range(n_avoid):
+        dec = decode_grasp(q, width, height, calib, view, threshold, neighbourhood_px=neighbourhood, avoid=avoid)
+        if dec.grasp is None:
+            assert dec.reason
+            break
+        g = dec.grasp
+        assert not any(_near(g, a) for a in avoid)
+        assert calib.in_workspace(g.position[0], g.position[1]) and g.quality >= threshold - 1e-6
+        avoid.append(g)
+    if avoid:  # without the list the first answer comes back: the decode is deterministic
+        again = decode_grasp(q, width, height, calib, view, threshold, neighbourhood_px=neighbourhood)
+        assert _near(again.grasp, avoid[0])
+
+
+def test_service_answers_another_grasp_on_an_unchanged_scene(calib, artifact_dir):
+    """A real server on loopback: the same scene (new sensor noise each frame) gets a new
+    grasp, or null when every good one failed; a change where the grasp was brings it back.
+    The memory is in /v1/info and /metrics; repeats.memory=0 answers every frame alike."""
+    from perception.service import create_app
+    from tests.perception.conftest import ThreadServer
+
+    def ask(url, rgb):
+        r = httpx.post(url + "/v1/grasp", content=encode_image(rgb, "png"), headers={"Content-Type": "image/png"},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with ThreadServer(create_app(artifact_dir, repeats={"memory": 4}, intra_op_num_threads=1)) as srv:
+        first = ask(srv.url, make_test_frame(calib, seed=0))
+        assert first["grasp"] is not None
+        g0 = Grasp(**{k: first["grasp"][k] for k in ("position", "yaw", "width", "quality")})
+        second = ask(srv.url, make_test_frame(calib, seed=1))
+        if second["grasp"] is not None:
+            assert not _near(Grasp(**second["grasp"]), g0)
+        else:
+            assert "just failed" in second["reason"]
+        info = httpx.get(srv.url + "/v1/info").json()
+        assert info["repeats"]["memory"] == 4 and info["repeats"]["remembered"] >= 1
+        assert "sim2real_repeats_remembered" in httpx.get(srv.url + "/metrics").text
+        moved = _patch(make_test_frame(calib, seed=2), calib, g0.position[:2], 230, half_px=14)
+        back = ask(srv.url, moved)
+        assert back["grasp"] is not None and _near(Grasp(**back["grasp"]), g0)
+    with ThreadServer(create_app(artifact_dir, repeats={"memory": 0}, intra_op_num_threads=1)) as srv:
+        answers = [ask(srv.url, make_test_frame(calib, seed=s))["grasp"] for s in range(3)]
+        assert all(a is not None for a in answers)
+        assert [a["position"] for a in answers[1:]] == [answers[0]["position"]] * 2  # the same grasp each time
+        assert [a["yaw"] for a in answers[1:]] == [answers[0]["yaw"]] * 2
+        assert httpx.get(srv.url + "/v1/info").json()["repeats"] is None
