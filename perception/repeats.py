@@ -3,23 +3,25 @@
 A robot that is answered the same grasp on the same scene fails the same way: a
 deterministic policy on a frame that differs only by sensor noise gives the same answer,
 and the robot is stuck. The service hears no outcome (``POST /v1/grasp`` is all contract
-section 6 has), but the next frame tells it: when the scene around an answered grasp looks
-as it did when the grasp was answered, the grasp lifted nothing from there (a success
-removes the part it closed on, a push moves it), so it failed. Such a grasp is not answered
-again (no grasp within ``radius`` and ``yaw_deg`` of it) for the next ``memory`` answers;
-once the scene around it has changed beyond sensor noise it is forgotten and may be
-answered again, since what was there has moved.
+section 6 has), but the next frame tells it: when the scene around an answered grasp has
+not moved since the grasp was answered, the grasp lifted nothing from there (a success
+removes the part it closed on), so it failed, and it would fail again. Such a grasp is not
+answered again (no grasp within ``radius`` and ``yaw_deg`` of it) for the next ``memory``
+answers; once what was around it has moved it is forgotten and may be answered again.
 
-"Changed" is measured on a fingerprint of each frame: its grey levels averaged over
+"Moved" is measured on a fingerprint of each frame: its grey levels averaged over
 ``block_px`` x ``block_px`` blocks (averaging divides the sensor's per-pixel noise by
 ``block_px``). The difference of two fingerprints, less its median (a global exposure
-shift is not a change of the scene), is compared per block with the noise it shows itself
-(1.4826 x its median absolute deviation: most of a frame does not change between two
-attempts); a block changed when it differs by more than ``noise_sigmas`` of that and by
-at least ``min_change`` grey levels. The scene around a grasp changed when at least
-``min_blocks`` blocks changed within ``region`` metres of it (the reach of the open
-gripper, projected through the calibration): a change elsewhere (another part lifted)
-does not make the same failure succeed.
+shift is not a change of the scene), is kept where it exceeds ``noise_sigmas`` times the
+noise the difference shows itself (1.4826 x its median absolute deviation: most of a frame
+does not change between two attempts). Within ``region`` metres of the grasp (the open
+gripper's reach, projected through the calibration) that change, divided by the
+brightness gradient the region had, is how far its content moved (to first order a shift
+by ``s`` changes an image by ``s`` times its gradient along the shift, ``2/pi`` of its
+magnitude on average over directions). A grasp is forgotten once what was around it moved
+by ``radius`` or more, the distance that makes it another grasp: a nudge of a millimetre,
+or a part lifted elsewhere, leaves the same failure in place; a part pushed away, lifted
+from there, or dropped there, forgets it.
 
 The memory is per service and assumes one robot sends the frames, each after executing
 the previous answer. ``repeats.memory=0`` switches it off (every frame answered on its own).
@@ -40,18 +42,16 @@ from perception.calibration import Calibration
 from perception.geometry import project_points
 from perception.grasp import Grasp
 
-__all__ = ["DEFAULT_REPEATS", "repeat_options", "frame_fingerprint", "changed_blocks", "RepeatGuard"]
+__all__ = ["DEFAULT_REPEATS", "repeat_options", "frame_fingerprint", "moved_blocks", "RepeatGuard"]
 
 #: The settings' defaults (``conf/serve.yaml: repeats`` overrides them; null keeps these).
 DEFAULT_REPEATS: dict[str, float] = {
     "memory": 8,  # answers a grasp is remembered for; 0: off
-    "radius": 0.01,  # m: no grasp centre this close (in x, y) to a remembered failure ...
+    "radius": 0.01,  # m: no grasp centre this close (in x, y) to a remembered failure, nor a scene moved less ...
     "yaw_deg": 15.0,  # ... turned less than this from it
-    "region": 0.06,  # m around a grasp (the open gripper's reach plus the part it closes on) where a change forgets it
+    "region": 0.06,  # m around a grasp (the open gripper's reach plus the part it closes on) whose motion counts
     "block_px": 8,  # raw pixels per fingerprint block side
-    "noise_sigmas": 5.0,  # a block changed beyond this many noise deviations ...
-    "min_change": 2.0,  # ... and by at least this many grey levels (8-bit)
-    "min_blocks": 2,  # changed blocks near a grasp that forget it
+    "noise_sigmas": 5.0,  # a difference of two frames below this many noise deviations is noise
 }
 
 
@@ -67,10 +67,9 @@ def repeat_options(options: dict | None) -> dict:
             out[k] = type(DEFAULT_REPEATS[k])(v)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"repeats.{k} must be a number, got {v!r}") from exc
-    for k in ("memory", "min_blocks"):
-        if out[k] < 0:
-            raise ValueError(f"repeats.{k} must be >= 0, got {out[k]}")
-    for k in ("radius", "yaw_deg", "region", "noise_sigmas", "min_change"):
+    if out["memory"] < 0:
+        raise ValueError(f"repeats.memory must be >= 0, got {out['memory']}")
+    for k in ("radius", "yaw_deg", "region", "noise_sigmas"):
         if not (math.isfinite(out[k]) and out[k] >= 0):
             raise ValueError(f"repeats.{k} must be a finite number >= 0, got {out[k]}")
     if out["block_px"] < 1:
@@ -89,12 +88,24 @@ def frame_fingerprint(rgb: np.ndarray, block_px: int) -> np.ndarray:
     return cv2.resize(grey[: h * b, : w * b], (w, h), interpolation=cv2.INTER_AREA)
 
 
-def changed_blocks(before: np.ndarray, after: np.ndarray, noise_sigmas: float, min_change: float) -> np.ndarray:
-    """``(h, w)`` bool: the blocks of two fingerprints that differ beyond the noise they show."""
+def moved_blocks(before: np.ndarray, after: np.ndarray, region: tuple[slice, slice], noise_sigmas: float) -> float:
+    """How far, in blocks, the content of ``region`` moved between two fingerprints (see the module docstring).
+
+    ``inf`` when something appeared where there was no gradient at all; 0 when nothing
+    beyond noise changed.
+    """
     d = np.asarray(after, np.float32) - np.asarray(before, np.float32)
     d -= np.median(d)
     noise = 1.4826 * float(np.median(np.abs(d)))
-    return np.abs(d) > max(float(noise_sigmas) * noise, float(min_change))
+    excess = float(np.maximum(np.abs(d[region]) - float(noise_sigmas) * noise, 0.0).sum())
+    if excess == 0.0:
+        return 0.0
+    patch = np.asarray(before, np.float32)[region]
+    if min(patch.shape) < 2:
+        return math.inf
+    gy, gx = np.gradient(patch)
+    gradient = (2.0 / math.pi) * float(np.hypot(gx, gy).sum())
+    return excess / gradient if gradient > 0 else math.inf
 
 
 @dataclass
@@ -102,6 +113,7 @@ class _Answered:
     grasp: Grasp
     fingerprint: np.ndarray
     region: tuple[slice, slice]  # the fingerprint blocks within ``region`` of the grasp
+    blocks_per_m: float  # fingerprint blocks per metre there
     answer: int  # index of the answer that gave it
 
 
@@ -135,22 +147,25 @@ class RepeatGuard:
     def fingerprint(self, rgb: np.ndarray) -> np.ndarray:
         return frame_fingerprint(rgb, int(self.options["block_px"]))
 
-    def _region(self, grasp: Grasp, shape: tuple[int, int]) -> tuple[slice, slice]:
+    def _region(self, grasp: Grasp, shape: tuple[int, int]) -> tuple[tuple[slice, slice], float]:
+        """The fingerprint blocks within ``region`` metres of a grasp, and blocks per metre there."""
         r = float(self.options["region"])
         t = np.linspace(0.0, 2.0 * math.pi, 16, endpoint=False)
         x, y, z = grasp.position
         ring = np.stack([x + r * np.cos(t), y + r * np.sin(t), np.full_like(t, z)], axis=1)
-        uv = project_points(np.vstack([ring, [[x, y, self.calib.table_z]]]), self.calib)
-        b = float(self.options["block_px"])
-        u0, v0 = np.floor(uv.min(axis=0) / b).astype(int)
-        u1, v1 = np.ceil(uv.max(axis=0) / b).astype(int) + 1
+        uv = project_points(np.vstack([ring, [[x, y, z]]]), self.calib) / float(self.options["block_px"])
+        per_m = float(np.linalg.norm(uv[:-1] - uv[-1], axis=1).mean()) / r if r > 0 else 0.0
+        u0, v0 = np.floor(uv.min(axis=0)).astype(int)
+        u1, v1 = np.ceil(uv.max(axis=0)).astype(int) + 1
         h, w = shape
-        return slice(int(np.clip(v0, 0, h)), int(np.clip(v1, 0, h))), slice(int(np.clip(u0, 0, w)), int(np.clip(u1, 0, w)))
+        region = (slice(int(np.clip(v0, 0, h)), int(np.clip(v1, 0, h))),
+                  slice(int(np.clip(u0, 0, w)), int(np.clip(u1, 0, w))))
+        return region, per_m
 
     def failed(self, fingerprint: np.ndarray) -> list[Grasp]:
-        """The remembered grasps whose scene around them is unchanged in this frame.
+        """The remembered grasps around which the scene has not moved by ``radius`` in this frame.
 
-        The others (changed around them, or answered ``memory`` answers ago) are forgotten.
+        The others (moved around them, or answered ``memory`` answers ago) are forgotten.
         """
         if not self.enabled:
             return []
@@ -160,8 +175,8 @@ class RepeatGuard:
             for a in self._memory:
                 if self._answers - a.answer >= int(o["memory"]) or a.fingerprint.shape != fingerprint.shape:
                     continue
-                changed = changed_blocks(a.fingerprint, fingerprint, o["noise_sigmas"], o["min_change"])
-                if int(changed[a.region].sum()) >= int(o["min_blocks"]):
+                moved = moved_blocks(a.fingerprint, fingerprint, a.region, o["noise_sigmas"])
+                if moved >= float(o["radius"]) * a.blocks_per_m:
                     continue
                 keep.append(a)
             self._memory = keep
@@ -174,7 +189,8 @@ class RepeatGuard:
         with self._lock:
             self._answers += 1
             if grasp is not None:
-                self._memory.append(_Answered(grasp, fingerprint, self._region(grasp, fingerprint.shape), self._answers))
+                region, per_m = self._region(grasp, fingerprint.shape)
+                self._memory.append(_Answered(grasp, fingerprint, region, per_m, self._answers))
 
     def forget(self) -> None:
         with self._lock:

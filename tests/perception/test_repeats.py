@@ -15,7 +15,7 @@ from perception.decode import decode_grasp
 from perception.geometry import make_view, project_points
 from perception.grasp import Grasp, normalize_angle
 from perception.imageio import encode_image
-from perception.repeats import DEFAULT_REPEATS, RepeatGuard, changed_blocks, frame_fingerprint, repeat_options
+from perception.repeats import DEFAULT_REPEATS, RepeatGuard, frame_fingerprint, moved_blocks, repeat_options
 from perception.testing import make_test_frame
 
 RADIUS, YAW = DEFAULT_REPEATS["radius"], math.radians(DEFAULT_REPEATS["yaw_deg"])
@@ -34,33 +34,50 @@ def _patch(rgb: np.ndarray, calib, xy, value: int, half_px: int = 10) -> np.ndar
     return out
 
 
-def test_fingerprints_see_a_change_not_noise_or_exposure(calib):
-    """New sensor noise and a global exposure shift are no change; a part moved is."""
-    a = frame_fingerprint(make_test_frame(calib, seed=0), 8)
-    noisy = frame_fingerprint(make_test_frame(calib, seed=1), 8)  # same scene, new noise
-    assert not changed_blocks(a, noisy, 5.0, 2.0).any()
-    brighter = frame_fingerprint(np.clip(make_test_frame(calib, seed=1).astype(int) + 20, 0, 255).astype(np.uint8), 8)
-    assert not changed_blocks(a, brighter, 5.0, 2.0).any()
-    moved = frame_fingerprint(_patch(make_test_frame(calib, seed=1), calib, (0.5, 0.0), 200), 8)
-    ch = changed_blocks(a, moved, 5.0, 2.0)
-    assert 4 <= ch.sum() <= 16  # the 21x21 px square covers 3x3 to 4x4 blocks of 8 px
+def _bar(calib, xy, seed: int) -> np.ndarray:
+    """A textured frame with a bright 6 x 2 cm bar centred on the table point ``xy``."""
+    rgb = make_test_frame(calib, seed=seed)
+    corners = np.array([[xy[0] + dx, xy[1] + dy, calib.table_z] for dx, dy in
+                        ((-0.03, -0.01), (0.03, -0.01), (0.03, 0.01), (-0.03, 0.01))])
+    cv2.fillConvexPoly(rgb, np.round(project_points(corners, calib)).astype(np.int32), (200, 200, 200))
+    return rgb
+
+
+def test_motion_is_measured_in_metres_not_noise_or_exposure(calib):
+    """New sensor noise and a global exposure shift are no motion; a part pushed by 2 mm
+    moved less than the 1 cm that makes another grasp, one pushed 3 cm or lifted moved more."""
+    guard = RepeatGuard(calib, {})
+    g = Grasp(position=(0.5, 0.0, 0.02), yaw=0.0, width=0.05, quality=0.9)
+    before = frame_fingerprint(_bar(calib, (0.5, 0.0), seed=0), 8)
+    region, per_m = guard._region(g, before.shape)
+
+    def moved_m(rgb):
+        return moved_blocks(before, frame_fingerprint(rgb, 8), region, 5.0) / per_m
+
+    assert moved_m(_bar(calib, (0.5, 0.0), seed=1)) == 0.0  # same scene, new noise
+    brighter = np.clip(_bar(calib, (0.5, 0.0), seed=1).astype(int) + 20, 0, 255).astype(np.uint8)
+    assert moved_m(brighter) == 0.0
+    assert moved_m(_bar(calib, (0.502, 0.0), seed=1)) < 0.01
+    assert moved_m(_bar(calib, (0.5, 0.03), seed=1)) > 0.01
+    assert moved_m(make_test_frame(calib, seed=1)) > 0.01  # the bar was lifted
 
 
 def test_options_are_validated():
     assert repeat_options({"memory": None, "radius": 0.02})["radius"] == 0.02
     assert repeat_options(None) == DEFAULT_REPEATS
-    for bad in ({"memroy": 3}, {"memory": -1}, {"radius": float("nan")}, {"block_px": 0}, {"yaw_deg": "x"}):
+    for bad in ({"memroy": 3}, {"memory": -1}, {"radius": float("nan")}, {"block_px": 0}, {"yaw_deg": "x"},
+                {"noise_sigmas": -1}):
         with pytest.raises(ValueError, match="repeats"):
             repeat_options(bad)
 
 
-def test_guard_forgets_on_a_change_near_the_grasp_and_after_memory_answers(calib):
+def test_guard_forgets_when_the_scene_moved_near_the_grasp_and_after_memory_answers(calib):
     guard = RepeatGuard(calib, {"memory": 3})
     g = Grasp(position=(0.5, 0.0, 0.03), yaw=0.2, width=0.05, quality=0.9)
     scene = make_test_frame(calib, seed=0)
     guard.answered(guard.fingerprint(scene), g)
     assert guard.failed(guard.fingerprint(make_test_frame(calib, seed=1))) == [g]  # unchanged: it failed
-    far = _patch(make_test_frame(calib, seed=2), calib, (0.4, 0.12), 220)  # a change 16 cm away
+    far = _patch(make_test_frame(calib, seed=2), calib, (0.4, 0.12), 220)  # a part appeared 16 cm away
     assert guard.failed(guard.fingerprint(far)) == [g]
     near = _patch(make_test_frame(calib, seed=2), calib, (0.53, 0.0), 220)  # 3 cm away: within its region
     assert guard.failed(guard.fingerprint(near)) == []  # something moved there: forgotten for good
