@@ -36,6 +36,7 @@ from perception.calibration import Calibration, default_calibration_path  # noqa
 from perception.decode import decode_grasp  # noqa: E402
 from perception.imageio import decode_image, encode_image  # noqa: E402
 from perception.metrics import resident_memory_bytes  # noqa: E402
+from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
 from perception.testing import free_port, wait_until_healthy  # noqa: E402
 
 START, END = "<!-- service-benchmark:start -->", "<!-- service-benchmark:end -->"
@@ -94,6 +95,9 @@ def run(args: argparse.Namespace) -> dict:
                                       "grasp_decode": []}
     if runner.meta.geometry is not None:
         stages["geometry"] = []  # the geometry graph and the top-down rebuild of its surface
+    # A stuck robot: the same scene answered `memory` times, every answer remembered.
+    guard = RepeatGuard(runner.calib, {})
+    stages["repeat_guard"], stages["grasp_decode_avoiding"] = [], []
     for _ in range(args.warmup):
         runner.forward(x)
     for i in range(args.n):
@@ -114,9 +118,21 @@ def run(args: argparse.Namespace) -> dict:
             surface = [runner.geometry_surface(rgb)[0][None, None]]
             stages["geometry"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
-                     surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
+        dec = decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
+                           surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
         stages["grasp_decode"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fingerprint = guard.fingerprint(rgb)
+        avoid = guard.failed(fingerprint)
+        stages["repeat_guard"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        dec = decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
+                           surface=surface[0][0, 0] if surface else None, **runner.meta.decode, avoid=avoid,
+                           **guard.decode_options)
+        stages["grasp_decode_avoiding"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        guard.answered(fingerprint, dec.grasp)
+        stages["repeat_guard"][-1] += time.perf_counter() - t
     del runner
 
     port = free_port()
@@ -190,6 +206,11 @@ def to_markdown(res: dict) -> str:
         *([f"| stage: geometry graph + top-down rebuild | {st['geometry']['p50']:.1f} | {st['geometry']['p99']:.1f} |"]
           if "geometry" in st else []),
         f"| stage: grasp decode | {st['grasp_decode']['p50']:.2f} | {st['grasp_decode']['p99']:.2f} |",
+        f"| stage: repeat memory (fingerprint, motion check, remember), up to {DEFAULT_REPEATS['memory']} grasps "
+        f"| {st['repeat_guard']['p50']:.2f} | {st['repeat_guard']['p99']:.2f} |",
+        f"| stage: grasp decode avoiding them (ratio to the plain decode, p50: "
+        f"{st['grasp_decode_avoiding']['p50'] / max(st['grasp_decode']['p50'], 1e-9):.1f}x) "
+        f"| {st['grasp_decode_avoiding']['p50']:.2f} | {st['grasp_decode_avoiding']['p99']:.2f} |",
         "",
         f"Resident memory of the service: {res['rss_mb']['idle']:.0f} MB idle, {res['rss_mb']['after']:.0f} MB after "
         f"the run, peak {res['rss_mb']['peak']:.0f} MB (goal <= 300 MB). Goal p50 <= 30 ms: "

@@ -10,6 +10,8 @@ attempt: the raw frame in ``out_dir/frames/`` (a folder ``sim2real-adapt`` takes
 robot reports it, the outcome (the labels for a later fine-tuning step: deploy, collect,
 retrain). Safety: only grasps inside the workspace and at or above the quality threshold
 leave the loop, frames older than the limit are refused, and steps are rate limited.
+A grasp the robot executed without success is not handed over again while the scene
+around it has not moved (``repeats``, :mod:`perception.repeats`, as in the service).
 SIGINT and SIGTERM stop the loop after the current step.
 """
 
@@ -31,6 +33,7 @@ from perception.atomic import atomic_write_text
 from perception.cameras import StaleFrameError, ThreadedCamera
 from perception.cameras.base import Frame
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
+from perception.repeats import RepeatGuard
 from perception.imageio import write_image
 from perception.robots import GraspRequest, Outcome, RobotAdapter, RobotError
 
@@ -118,6 +121,7 @@ class LoopConfig:
     max_robot_errors: int = 3  # consecutive robot errors before stopping
     record_no_grasp: bool = True  # also record frames where nothing was worth grasping
     frame_timeout: float = 5.0  # s to wait for a fresh frame before logging and retrying
+    repeats: dict | None = None  # perception.repeats options (None: off); a reported success is never remembered
 
 
 @dataclass
@@ -166,6 +170,8 @@ class GraspLoop:
         self._not_before = 0.0
         self._frames_after = 0.0
         self._consecutive_robot_errors = 0
+        guard = None if self.cfg.repeats is None else RepeatGuard(self.calib, self.cfg.repeats)
+        self.repeats = guard if guard is not None and guard.enabled else None
 
     @property
     def calib(self):
@@ -192,10 +198,14 @@ class GraspLoop:
             return None
         self.stats.steps += 1
         t0 = time.perf_counter()
+        avoid: dict = {}
+        if self.repeats is not None:
+            fingerprint = self.repeats.fingerprint(frame.image)
+            avoid = {"avoid": self.repeats.failed(fingerprint), **self.repeats.decode_options}
         maps = self.runner.infer(frame.image)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
                            self.threshold, self.cfg.workspace_margin, surface=maps.surface,
-                           **self.runner.meta.decode)
+                           **self.runner.meta.decode, **avoid)
         latency_ms = 1000.0 * (time.perf_counter() - t0)
         entry: dict[str, Any] = {
             "time": time.time(),
@@ -221,6 +231,8 @@ class GraspLoop:
             g, entry["reason"] = None, f"frame was {age:.2f} s old at hand-off (limit {self.cfg.max_decision_age} s)"
         if g is None:
             self.stats.no_grasp += 1
+            if self.repeats is not None:
+                self.repeats.answered(fingerprint, None)
             if self.recorder and self.cfg.record_no_grasp:
                 return self.recorder.record(attempt_id, frame, entry, dec, self.calib)
             return entry
@@ -240,6 +252,11 @@ class GraspLoop:
         if outcome is not None:
             entry["outcome"] = outcome.to_dict()
             self._count(outcome)
+        if self.repeats is not None:
+            # The robot's word wins over the frame's: a success is not avoided. A grasp that was not
+            # executed (a dry run, a robot error) did not fail: it is not avoided either.
+            executed = outcome is not None and not outcome.detail.get("dry_run")
+            self.repeats.answered(fingerprint, g if executed and outcome.success is not True else None)
         if self.recorder:
             entry = self.recorder.record(attempt_id, frame, entry, dec, self.calib)
         log.info("attempt %d: grasp at (%.3f, %.3f, %.3f) yaw %.2f q=%.2f -> %s", attempt_id, *g.position, g.yaw,
@@ -334,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=cfg.max_steps,
         max_robot_errors=int(cfg.max_robot_errors),
         record_no_grasp=bool(cfg.record_no_grasp),
+        repeats=dict(cfg.repeats),
     )
     stop = threading.Event()
 

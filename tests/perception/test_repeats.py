@@ -155,3 +155,51 @@ def test_service_answers_another_grasp_on_an_unchanged_scene(calib, artifact_dir
         assert [a["position"] for a in answers[1:]] == [answers[0]["position"]] * 2  # the same grasp each time
         assert [a["yaw"] for a in answers[1:]] == [answers[0]["yaw"]] * 2
         assert httpx.get(srv.url + "/v1/info").json()["repeats"] is None
+
+
+class _FailingRobot:
+    """Executes nothing and reports every grasp failed (a robot stuck on one scene)."""
+
+    name = "failing"
+
+    def __init__(self) -> None:
+        self.requests = []
+
+    def execute(self, request):
+        from perception.robots import Outcome
+
+        self.requests.append(request)
+        return Outcome(False)
+
+    def close(self) -> None:
+        pass
+
+
+def test_loop_hands_over_a_failed_grasp_once_on_an_unchanged_scene(tmp_path, calib, artifact_dir):
+    """sim2real-grasp-loop on a replayed camera showing one scene (new noise every frame):
+    with a robot reporting failures, no grasp is handed over twice; a dry run (nothing
+    executed) hands over the same grasp every step."""
+    from perception.artifact import PolicyRunner
+    from perception.cameras import ReplayCamera, ThreadedCamera
+    from perception.imageio import write_image
+    from perception.loop import GraspLoop, LoopConfig
+    from perception.robots import DryRunRobot
+
+    d = tmp_path / "cam"
+    for i in range(6):
+        write_image(d / f"f_{i:03d}.png", make_test_frame(calib, seed=i))
+    runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
+    for robot in (_FailingRobot(), DryRunRobot()):
+        cam = ThreadedCamera(ReplayCamera(d, fps=30), max_age=0.5).start()
+        try:
+            cfg = LoopConfig(rate_hz=100, settle_s=0, max_steps=4, repeats={"memory": 8})
+            GraspLoop(cam, runner, robot, None, cfg).run()
+        finally:
+            cam.close()
+        grasps = [r.grasp for r in robot.requests]
+        assert grasps
+        pairs = [(a, b) for i, a in enumerate(grasps) for b in grasps[i + 1:]]
+        if isinstance(robot, DryRunRobot):
+            assert len(grasps) == 4 and all(_near(a, b) for a, b in pairs)
+        else:
+            assert not any(_near(a, b) for a, b in pairs)
