@@ -134,8 +134,8 @@ def decode_grasp(
             views only.
         avoid: grasps not to answer (:class:`perception.repeats.RepeatGuard`: they just
             failed on this scene): no candidate whose centre, at its own fingertip height,
-            is within ``avoid_radius`` metres (in ``x, y``) of one and whose yaw is within
-            ``avoid_yaw`` radians of its yaw.
+            is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
+            within ``avoid_yaw`` radians (inclusive) of its yaw.
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
@@ -265,7 +265,7 @@ def _avoided(
     for j, g in enumerate(avoid):
         close = dist[k, j] < radius
         turn = np.abs(normalize_angle(yaw - g.yaw))
-        hit = close & (turn < yaw_tol)
+        hit = close & (turn <= yaw_tol + 1e-9)  # inclusive, and robust to rounding: bins 15 deg apart
         blocked[a[hit], k[hit]] = True
     return blocked.reshape(n_bins, H, W) if blocked.any() else None
 

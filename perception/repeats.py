@@ -48,7 +48,7 @@ __all__ = ["DEFAULT_REPEATS", "repeat_options", "frame_fingerprint", "moved_bloc
 DEFAULT_REPEATS: dict[str, float] = {
     "memory": 8,  # answers a grasp is remembered for; 0: off
     "radius": 0.01,  # m: no grasp centre this close (in x, y) to a remembered failure, nor a scene moved less ...
-    "yaw_deg": 15.0,  # ... turned less than this from it
+    "yaw_deg": 15.0,  # ... turned by this much or less from it
     "region": 0.06,  # m around a grasp (the open gripper's reach plus the part it closes on) whose motion counts
     "block_px": 8,  # raw pixels per fingerprint block side
     "noise_sigmas": 5.0,  # a difference of two frames below this many noise deviations is noise

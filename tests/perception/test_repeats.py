@@ -23,7 +23,7 @@ RADIUS, YAW = DEFAULT_REPEATS["radius"], math.radians(DEFAULT_REPEATS["yaw_deg"]
 
 def _near(a: Grasp, b: Grasp) -> bool:
     return (math.dist(a.position[:2], b.position[:2]) < RADIUS
-            and abs(normalize_angle(a.yaw - b.yaw)) < YAW)
+            and abs(normalize_angle(a.yaw - b.yaw)) <= YAW + 1e-9)
 
 
 def _patch(rgb: np.ndarray, calib, xy, value: int, half_px: int = 10) -> np.ndarray:
