@@ -251,9 +251,11 @@ def _avoided(
     h = np.nan_to_num(hmap.reshape(-1).astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     z = np.maximum(calib.table_z + h, calib.table_z + MIN_TIP_CLEARANCE)
     xy = view_pixels_to_base(uv, calib, view, z)[:, :2]
-    targets = np.asarray([g.position[:2] for g in avoid], dtype=np.float64)
-    dist = np.linalg.norm(xy[:, None, :] - targets[None], axis=2)  # (H*W, n)
-    near = np.flatnonzero((dist < radius).any(axis=1))
+    close_to = []  # per avoided grasp: the pixels whose centre is within the radius of it
+    for g in avoid:
+        dx, dy = xy[:, 0] - g.position[0], xy[:, 1] - g.position[1]
+        close_to.append(dx * dx + dy * dy < radius * radius)
+    near = np.flatnonzero(np.logical_or.reduce(close_to))
     if near.size == 0:
         return None
     # The yaw of every angle bin at each near pixel (it varies across a camera view).
@@ -262,10 +264,9 @@ def _avoided(
     a = np.tile(np.arange(n_bins), near.size)
     _, yaw, _ = view_grasp_to_base(uv[k], angles[a], np.full(k.size, _YAW_SEGMENT_PX), z[k], calib, view)
     blocked = np.zeros((n_bins, H * W), bool)
-    for j, g in enumerate(avoid):
-        close = dist[k, j] < radius
+    for close, g in zip(close_to, avoid):
         turn = np.abs(normalize_angle(yaw - g.yaw))
-        hit = close & (turn <= yaw_tol + 1e-9)  # inclusive, and robust to rounding: bins 15 deg apart
+        hit = close[k] & (turn <= yaw_tol + 1e-9)  # inclusive, and robust to rounding: bins 15 deg apart
         blocked[a[hit], k[hit]] = True
     return blocked.reshape(n_bins, H, W) if blocked.any() else None
 

@@ -44,7 +44,7 @@ from perception.grasp import Grasp
 
 __all__ = ["DEFAULT_REPEATS", "repeat_options", "frame_fingerprint", "moved_blocks", "RepeatGuard"]
 
-#: The settings' defaults (``conf/serve.yaml: repeats`` overrides them; null keeps these).
+#: The settings' defaults, their one source (``conf/repeats/default.yaml`` overrides them; null keeps these).
 DEFAULT_REPEATS: dict[str, float] = {
     "memory": 8,  # answers a grasp is remembered for; 0: off
     "radius": 0.01,  # m: no grasp centre this close (in x, y) to a remembered failure, nor a scene moved less ...
@@ -118,7 +118,7 @@ class _Answered:
 
 
 class RepeatGuard:
-    """The grasps answered on the scenes that still look the same (see the module docstring).
+    """The answered grasps whose scene has not moved around them since (see the module docstring).
 
     Args:
         calib: the serving calibration (to find a grasp's region in the frame).
