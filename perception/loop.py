@@ -33,8 +33,8 @@ from perception.atomic import atomic_write_text
 from perception.cameras import StaleFrameError, ThreadedCamera
 from perception.cameras.base import Frame
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
-from perception.repeats import RepeatGuard
 from perception.imageio import write_image
+from perception.repeats import RepeatGuard
 from perception.robots import GraspRequest, Outcome, RobotAdapter, RobotError
 
 __all__ = ["AttemptRecorder", "GraspLoop", "LoopConfig", "load_attempts", "main"]

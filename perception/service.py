@@ -111,7 +111,7 @@ class GraspService:
             raise ValueError(f"quality_threshold must be in [0, 1], got {self.threshold}")
         self.margin = float(workspace_margin)
         self.threads = intra_op_num_threads
-        # None: every frame is answered on its own (the CLI turns the memory on: conf/serve.yaml).
+        # None: every frame is answered on its own (the CLI turns the memory on: conf/repeats/default.yaml).
         self.repeats = None if repeats is None else RepeatGuard(self.calib, repeats)
         if self.repeats is not None and not self.repeats.enabled:
             self.repeats = None
@@ -240,8 +240,8 @@ def create_app(
         max_concurrency: inferences run at once in worker threads.
         background_load: create the onnxruntime session after start-up in a thread
             (``/healthz`` answers ``503`` until it is ready); by default it is created here.
-        repeats: :func:`perception.repeats.repeat_options` keys: a grasp just answered on a
-            scene that still looks the same around it is not answered again
+        repeats: :func:`perception.repeats.repeat_options` keys: a grasp answered on a scene
+            that has not moved around it since is not answered again
             (:class:`perception.repeats.RepeatGuard`); ``None`` or ``memory=0``: off, every
             frame answered on its own.
 
