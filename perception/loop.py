@@ -34,7 +34,7 @@ from perception.cameras import StaleFrameError, ThreadedCamera
 from perception.cameras.base import Frame
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
 from perception.imageio import write_image
-from perception.repeats import RepeatGuard
+from perception.repeats import RepeatGuard, repeat_options
 from perception.robots import GraspRequest, Outcome, RobotAdapter, RobotError
 
 __all__ = ["AttemptRecorder", "GraspLoop", "LoopConfig", "load_attempts", "main"]
@@ -170,8 +170,7 @@ class GraspLoop:
         self._not_before = 0.0
         self._frames_after = 0.0
         self._consecutive_robot_errors = 0
-        guard = None if self.cfg.repeats is None else RepeatGuard(self.calib, self.cfg.repeats)
-        self.repeats = guard if guard is not None and guard.enabled else None
+        self.repeats = RepeatGuard.build(self.calib, self.cfg.repeats)
 
     @property
     def calib(self):
@@ -200,8 +199,7 @@ class GraspLoop:
         t0 = time.perf_counter()
         avoid: dict = {}
         if self.repeats is not None:
-            fingerprint = self.repeats.fingerprint(frame.image)
-            avoid = {"avoid": self.repeats.failed(fingerprint), **self.repeats.decode_options}
+            fingerprint, avoid = self.repeats.avoiding(frame.image)
         maps = self.runner.infer(frame.image)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
                            self.threshold, self.cfg.workspace_margin, surface=maps.surface,
@@ -335,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.artifact:
         raise CliError(prog, "artifact=DIR is required")
     try:
+        repeats = repeat_options(cfg.repeats)  # bad settings stop the loop before a camera or robot is opened
         runner = PolicyRunner(str(cfg.artifact), None if not cfg.calibration else str(cfg.calibration),
                               intra_op_num_threads=cfg.threads)
         camera, robot, shared = _build_camera_and_robot(cfg, runner.calib)
@@ -351,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=cfg.max_steps,
         max_robot_errors=int(cfg.max_robot_errors),
         record_no_grasp=bool(cfg.record_no_grasp),
-        repeats=dict(cfg.repeats),
+        repeats=repeats,
     )
     stop = threading.Event()
 

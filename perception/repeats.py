@@ -124,8 +124,8 @@ class RepeatGuard:
         calib: the serving calibration (to find a grasp's region in the frame).
         options: :func:`repeat_options` keys.
 
-    Call :meth:`failed` with a frame's fingerprint before decoding it (the grasps to avoid)
-    and :meth:`answered` with the answer after. Thread-safe.
+    Call :meth:`avoiding` (or :meth:`failed` with a frame's fingerprint) before decoding a
+    frame and :meth:`answered` with the answer after. Thread-safe.
     """
 
     def __init__(self, calib: Calibration, options: dict | None = None) -> None:
@@ -134,6 +134,20 @@ class RepeatGuard:
         self._memory: deque[_Answered] = deque()
         self._answers = 0
         self._lock = threading.Lock()
+
+    @classmethod
+    def build(cls, calib: Calibration, options: dict | None) -> RepeatGuard | None:
+        """The guard the options ask for; ``None`` when they are ``None`` or ``memory`` is 0 (off)."""
+        if options is None:
+            return None
+        guard = cls(calib, options)
+        return guard if guard.enabled else None
+
+    def avoiding(self, rgb: np.ndarray) -> tuple[np.ndarray, dict]:
+        """A frame's fingerprint (for :meth:`answered`) and the :func:`perception.decode.decode_grasp`
+        keywords that avoid the grasps that failed on it."""
+        fingerprint = self.fingerprint(rgb)
+        return fingerprint, {"avoid": self.failed(fingerprint), **self.decode_options}
 
     @property
     def enabled(self) -> bool:
@@ -191,10 +205,6 @@ class RepeatGuard:
             if grasp is not None:
                 region, per_m = self._region(grasp, fingerprint.shape)
                 self._memory.append(_Answered(grasp, fingerprint, region, per_m, self._answers))
-
-    def forget(self) -> None:
-        with self._lock:
-            self._memory.clear()
 
     def state(self) -> dict[str, Any]:
         """For ``/v1/info``: the settings and how many grasps are avoided now."""

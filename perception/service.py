@@ -112,9 +112,7 @@ class GraspService:
         self.margin = float(workspace_margin)
         self.threads = intra_op_num_threads
         # None: every frame is answered on its own (the CLI turns the memory on: conf/repeats/default.yaml).
-        self.repeats = None if repeats is None else RepeatGuard(self.calib, repeats)
-        if self.repeats is not None and not self.repeats.enabled:
-            self.repeats = None
+        self.repeats = RepeatGuard.build(self.calib, repeats)
         self.runner: PolicyRunner | None = None
         self.load_error: str | None = None
 
@@ -136,8 +134,7 @@ class GraspService:
         rgb = decode_image(body, expected_size=self.calib.image_size)
         avoid: dict = {}
         if self.repeats is not None:
-            fingerprint = self.repeats.fingerprint(rgb)
-            avoid = {"avoid": self.repeats.failed(fingerprint), **self.repeats.decode_options}
+            fingerprint, avoid = self.repeats.avoiding(rgb)
         maps = self.runner.infer(rgb)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
                            self.threshold, self.margin, surface=maps.surface, **self.meta.decode, **avoid)

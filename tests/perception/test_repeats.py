@@ -203,3 +203,16 @@ def test_loop_hands_over_a_failed_grasp_once_on_an_unchanged_scene(tmp_path, cal
             assert len(grasps) == 4 and all(_near(a, b) for a, b in pairs)
         else:
             assert not any(_near(a, b) for a, b in pairs)
+
+
+def test_bad_settings_stop_both_commands_with_a_message(tmp_path, artifact_dir, capsys):
+    """A bad repeats.* is a message and exit 2 at start, in the loop before any camera opens."""
+    from perception.loop import main as loop_main
+    from perception.service import main as serve_main
+
+    for main, extra in ((loop_main, ["camera=replay:/nonexistent", "robot=dry", f"out_dir={tmp_path}"]),
+                        (serve_main, [])):
+        with pytest.raises(SystemExit) as e:
+            main([f"artifact={artifact_dir}", "repeats.memory=-1", *extra])
+        assert e.value.code == 2
+        assert "repeats.memory must be >= 0" in capsys.readouterr().err
