@@ -12,7 +12,7 @@ import logging
 import sys
 from importlib import resources
 
-__all__ = ["CliError", "compose_config", "setup_logging"]
+__all__ = ["CliError", "compose_config", "config_number", "setup_logging"]
 
 
 class CliError(SystemExit):
@@ -79,6 +79,31 @@ class _open_struct:
         from omegaconf import OmegaConf
 
         OmegaConf.set_struct(self.cfg, True)
+
+
+def config_number(cfg, key: str, kind: type = float, lo: float | None = None, hi: float | None = None,
+                  lo_open: bool = False):
+    """``cfg[key]`` as a finite ``int`` or ``float`` within ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``).
+
+    Raises:
+        ValueError: the message names the key, the value and the range.
+    """
+    import math
+
+    value = cfg[key] if key in cfg else None
+    what = "a whole number" if kind is int else "a number"
+    try:
+        num = float(value)
+        if not math.isfinite(num) or (kind is int and not num.is_integer()):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be {what}, got {value!r}") from None
+    num = kind(num)
+    if lo is not None and (num <= lo if lo_open else num < lo):
+        raise ValueError(f"{key} must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+    if hi is not None and num > hi:
+        raise ValueError(f"{key} must be <= {hi:g}, got {value!r}")
+    return num
 
 
 def setup_logging(level: str = "info") -> None:

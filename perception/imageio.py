@@ -3,11 +3,15 @@
 :func:`decode_image` is the one place where bytes from the outside become an image:
 it checks the signature and the declared size *before* decoding (so a huge or wrong-size
 frame costs nothing and cannot exhaust memory), refuses truncated files, and converts
-grayscale, RGBA and 16-bit frames to 8-bit RGB (contract section 6).
+grayscale, RGBA and 16-bit frames to 8-bit RGB (contract section 6). A JPEG's scans are
+counted from its markers before decoding: each scan of a progressive JPEG is one more pass
+over the whole image, so a legal 640x480 file with hundreds of thousands of them decodes
+for half a minute; more than ``max_jpeg_scans`` is refused instead.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -22,6 +26,7 @@ __all__ = [
     "ImageSizeError",
     "sniff_format",
     "peek_size",
+    "jpeg_scan_count",
     "decode_image",
     "encode_image",
     "read_image",
@@ -32,6 +37,15 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SIGNATURE = b"\xff\xd8\xff"
 #: Refuse images with more pixels than this before decoding (decompression bombs).
 MAX_PIXELS = 64_000_000
+#: Refuse JPEGs with more scans than this before decoding (a camera writes 1, a
+#: progressive encoder about 10; every scan costs a pass over the whole image).
+MAX_JPEG_SCANS = 32
+#: Refuse JPEGs with more marker segments than this (a camera writes a few dozen), so the
+#: count itself stays cheap.
+MAX_JPEG_SEGMENTS = 1024
+# The end of a scan's entropy-coded data: 0xFF followed by neither a stuffed 0x00, a
+# restart marker (D0-D7) nor a fill byte.
+_NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 class ImageDecodeError(ValueError):
@@ -87,6 +101,48 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
     raise ImageDecodeError("JPEG is truncated: no frame header found")
 
 
+def jpeg_scan_count(data: bytes, limit: int = MAX_JPEG_SCANS) -> int:
+    """Scans (SOS segments) in a JPEG, walked from its markers without decoding.
+
+    Raises:
+        ImageDecodeError: more than ``limit`` scans or :data:`MAX_JPEG_SEGMENTS` segments,
+            or a corrupt marker structure.
+    """
+    i, n, scans, segments = 2, len(data), 0, 0
+    while i + 2 <= n:
+        if data[i] != 0xFF:
+            raise ImageDecodeError("JPEG marker structure is corrupt")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0xD9:  # end of image
+            break
+        segments += 1
+        if segments > MAX_JPEG_SEGMENTS:
+            raise ImageDecodeError(f"JPEG has more than {MAX_JPEG_SEGMENTS} marker segments; refused before decoding")
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers
+            i += 2
+            continue
+        if i + 4 > n:
+            break
+        seg_len = struct.unpack(">H", data[i + 2 : i + 4])[0]
+        if seg_len < 2:
+            raise ImageDecodeError("JPEG segment length is corrupt")
+        i += 2 + seg_len
+        if marker == 0xDA:
+            scans += 1
+            if scans > limit:
+                raise ImageDecodeError(
+                    f"JPEG has more than {limit} scans (each is a pass over the whole image); "
+                    "refused before decoding: send a baseline JPEG or a PNG")
+            m = _NEXT_MARKER.search(data, i)
+            if m is None:
+                break
+            i = m.start()
+    return scans
+
+
 def peek_size(data: bytes) -> tuple[str, tuple[int, int]]:
     """Format and ``(width, height)`` read from the header, without decoding.
 
@@ -108,7 +164,8 @@ def _complete(data: bytes, fmt: str) -> bool:
     return b"\xff\xd9" in tail
 
 
-def decode_image(data: bytes, expected_size: tuple[int, int] | None = None) -> np.ndarray:
+def decode_image(data: bytes, expected_size: tuple[int, int] | None = None,
+                 max_jpeg_scans: int = MAX_JPEG_SCANS) -> np.ndarray:
     """Decode PNG or JPEG bytes into an RGB ``uint8`` image ``(H, W, 3)``.
 
     Grayscale, gray+alpha, RGBA and 16-bit images are converted (alpha dropped, 16-bit
@@ -118,6 +175,7 @@ def decode_image(data: bytes, expected_size: tuple[int, int] | None = None) -> n
         data: the file's bytes.
         expected_size: ``(width, height)``; another size raises :class:`ImageSizeError`
             before anything is decoded.
+        max_jpeg_scans: a JPEG with more scans is refused before decoding.
 
     Raises:
         ImageDecodeError: empty, unknown, truncated or undecodable data.
@@ -135,6 +193,8 @@ def decode_image(data: bytes, expected_size: tuple[int, int] | None = None) -> n
         )
     if not _complete(data, fmt):
         raise ImageDecodeError(f"{fmt.upper()} data is truncated (no end marker)")
+    if fmt == "jpeg":
+        jpeg_scan_count(data, max_jpeg_scans)
     buf = np.frombuffer(data, dtype=np.uint8)
     try:
         img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)

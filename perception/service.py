@@ -4,7 +4,15 @@
 camera and answers the best grasp inside the workspace. ``GET /healthz`` tells whether
 the model is loaded, ``GET /metrics`` gives Prometheus counters and latency histograms,
 ``GET /v1/info`` describes the loaded policy, and ``/docs`` / ``/openapi.json`` describe
-the API.
+the API (a page served from here: a robot network has no internet).
+
+Limits (``perception.server.ServerLimits``, ``conf/serve.yaml`` ``limits:``): a bearer token
+is checked before a body is read and guards everything but ``/healthz`` and the docs;
+a body must arrive within ``body_timeout_s`` (``408``); ``/v1/grasp`` requests beyond
+``max_concurrency + max_queue`` get ``503`` with ``Retry-After`` before their body is read,
+so memory stays under idle + (``max_concurrency + max_queue``) x the body limit; a JPEG
+with more than ``max_jpeg_scans`` scans is ``400`` before decoding; at shutdown what waits
+gets ``503`` and what runs gets its answer.
 
 Safety: a returned grasp always lies inside the workspace (checked twice), below the
 quality threshold the answer is ``"grasp": null`` with a reason, and bad input is a
@@ -18,7 +26,7 @@ import hmac
 import ipaddress
 import json
 import logging
-import signal
+import math
 import sys
 import threading
 import time
@@ -28,10 +36,11 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
+from perception.apidocs import api_docs_html
 from perception.artifact import ArtifactError, PolicyRunner, check_calibration, load_metadata
 from perception.calibration import Calibration, CalibrationError
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
@@ -41,6 +50,7 @@ from perception.metrics import Counter, Gauge, Histogram, Registry, resident_mem
 from perception.overlay import draw_decoded
 from perception.preprocess import PreprocessError
 from perception.repeats import RepeatGuard
+from perception.server import ServerLimits, ServerStats, Stopper
 
 __all__ = ["create_app", "GraspService", "main", "DEFAULT_MAX_BODY_BYTES"]
 
@@ -51,7 +61,7 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 #: read its 413 instead of a connection reset; past this the connection is dropped.
 DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 ACCEPTED_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg"}
-KNOWN_PATHS = {"/healthz", "/v1/grasp", "/v1/info", "/metrics", "/docs", "/openapi.json", "/redoc"}
+KNOWN_PATHS = {"/healthz", "/v1/grasp", "/v1/info", "/metrics", "/docs", "/openapi.json"}
 
 
 # --------------------------------------------------------------------- schemas
@@ -95,6 +105,7 @@ class GraspService:
         workspace_margin: float = 0.0,
         intra_op_num_threads: int | None = None,
         repeats: dict | None = None,
+        max_jpeg_scans: int = ServerLimits.max_jpeg_scans,
     ) -> None:
         self.artifact_dir = Path(artifact_dir)
         # Validate everything cheap first, so a mismatch stops the service at start.
@@ -110,6 +121,13 @@ class GraspService:
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"quality_threshold must be in [0, 1], got {self.threshold}")
         self.margin = float(workspace_margin)
+        half = 0.5 * min(self.calib.workspace_x[1] - self.calib.workspace_x[0],
+                         self.calib.workspace_y[1] - self.calib.workspace_y[0])
+        if not (math.isfinite(self.margin) and 0.0 <= self.margin < half):
+            # A negative margin would widen the workspace: grasps outside it (issue 12).
+            raise ValueError(f"workspace_margin must be >= 0 m and below half the workspace ({half:.3f} m): "
+                             f"it shrinks the workspace, got {workspace_margin}")
+        self.max_jpeg_scans = int(max_jpeg_scans)
         self.threads = intra_op_num_threads
         # None: every frame is answered on its own (the CLI turns the memory on: conf/repeats/default.yaml).
         self.repeats = RepeatGuard.build(self.calib, repeats)
@@ -131,7 +149,7 @@ class GraspService:
     def process(self, body: bytes, keep_rgb: bool = False) -> _Result:
         """Bytes of one frame -> decoded grasp. Raises ImageDecodeError / PreprocessError."""
         assert self.runner is not None
-        rgb = decode_image(body, expected_size=self.calib.image_size)
+        rgb = decode_image(body, expected_size=self.calib.image_size, max_jpeg_scans=self.max_jpeg_scans)
         avoid: dict = {}
         if self.repeats is not None:
             fingerprint, avoid = self.repeats.avoiding(rgb)
@@ -162,8 +180,34 @@ class GraspService:
         }
 
 
-def _error(status: int, detail: str, headers: dict | None = None) -> JSONResponse:
+def _error(status: int, detail: str, headers: dict | None = None, close: bool = False) -> JSONResponse:
+    """A JSON error; ``close``: the connection ends with it.
+
+    An error answered before its body was read leaves the connection open: uvicorn then
+    reads the rest of the body and throws it away (so the client can read its answer),
+    and ``perception.server`` closes the connection if that takes ``header_timeout_s``.
+    """
+    headers = dict(headers or {})
+    if close:
+        headers["Connection"] = "close"
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+class _Gate:
+    """Counts /v1/grasp requests from admission (before the body) to the answer."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.admitted, self.refused = int(capacity), 0, 0
+
+    def try_admit(self) -> bool:
+        if self.admitted >= self.capacity:
+            self.refused += 1
+            return False
+        self.admitted += 1
+        return True
+
+    def release(self) -> None:
+        self.admitted -= 1
 
 
 class _MetricsMiddleware:
@@ -223,16 +267,18 @@ def create_app(
     max_concurrency: int = 2,
     background_load: bool = False,
     repeats: dict | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """Build the grasp service.
 
     Args:
         artifact_dir: the policy artifact (``policy.onnx`` + ``metadata.json``).
         calibration: the serving camera (wins over the artifact's); ``None``: the artifact's.
-        token: bearer token required on ``/v1/grasp``; ``None`` or ``""``: no auth.
+        token: bearer token required on everything but ``/healthz`` and the docs; ``None``
+            or ``""``: no auth.
         max_body_bytes: larger bodies get ``413``.
         quality_threshold: ``None``: the artifact's.
-        workspace_margin: metres the workspace is shrunk by for returned grasps.
+        workspace_margin: metres (>= 0) the workspace is shrunk by for returned grasps.
         intra_op_num_threads: onnxruntime threads per inference.
         max_concurrency: inferences run at once in worker threads.
         background_load: create the onnxruntime session after start-up in a thread
@@ -241,18 +287,30 @@ def create_app(
             that has not moved around it since is not answered again
             (:class:`perception.repeats.RepeatGuard`); ``None`` or ``memory=0``: off, every
             frame answered on its own.
+        limits: body timeout, queue, JPEG scans (:class:`perception.server.ServerLimits`);
+            the same object goes to :func:`perception.server.make_server` for the rest.
 
     Raises:
         ArtifactError, CalibrationError: a bad artifact, or a calibration whose
             ``image_size`` differs from the artifact's (the service must not start).
+        ValueError: a setting out of range (the message names it).
     """
-    svc = GraspService(artifact_dir, calibration, quality_threshold, workspace_margin, intra_op_num_threads, repeats)
+    limits = limits or ServerLimits()
+    limits.validate()
+    if not int(max_body_bytes) > 0:
+        raise ValueError(f"max_body_mb must be > 0, got {max_body_bytes} bytes")
+    if not int(max_concurrency) > 0:
+        raise ValueError(f"max_concurrency must be > 0, got {max_concurrency}")
+    svc = GraspService(artifact_dir, calibration, quality_threshold, workspace_margin, intra_op_num_threads, repeats,
+                       limits.max_jpeg_scans)
     for w in svc.warnings:
         log.warning("calibration drift from the trained camera: %s", w)
     if not background_load:
         svc.load()
     token = token or None
-    limiter = anyio.CapacityLimiter(max(1, int(max_concurrency)))
+    limiter = anyio.CapacityLimiter(int(max_concurrency))
+    gate = _Gate(int(max_concurrency) + int(limits.max_queue))
+    stopper, stats = Stopper(), ServerStats()
 
     registry = Registry()
     requests = registry.add(Counter("sim2real_http_requests_total", "HTTP responses by path and status", ("path", "status")))
@@ -264,6 +322,17 @@ def create_app(
                        fn=lambda: float(len(svc.warnings))))
     registry.add(Gauge("sim2real_repeats_remembered", "grasps not answered again: they just failed on the unchanged scene",
                        fn=lambda: float(svc.repeats.state()["remembered"]) if svc.repeats else 0.0))
+    registry.add(Gauge("sim2real_grasp_requests_admitted", "/v1/grasp requests between admission and answer",
+                       fn=lambda: float(gate.admitted)))
+    registry.add(Gauge("sim2real_grasp_requests_refused_queue_full", "/v1/grasp requests answered 503: queue full (total)",
+                       fn=lambda: float(gate.refused)))
+    registry.add(Gauge("sim2real_open_connections", "open HTTP connections", fn=lambda: float(stats.open_connections)))
+    registry.add(Gauge("sim2real_connections_refused", "connections over limits.max_connections, answered 503 (total)",
+                       fn=lambda: float(stats.refused_connections)))
+    registry.add(Gauge("sim2real_header_timeouts", "connections closed: no request headers in time (total)",
+                       fn=lambda: float(stats.header_timeouts)))
+    registry.add(Gauge("sim2real_accept_errors", "failed accepts: out of file descriptors (total)",
+                       fn=lambda: float(stats.accept_errors)))
     registry.add(Gauge("process_resident_memory_bytes", "resident memory of the service", fn=resident_memory_bytes))
 
     @contextlib.asynccontextmanager
@@ -278,18 +347,33 @@ def create_app(
 
             threading.Thread(target=_load, name="model-load", daemon=True).start()
         yield
+        stopper.begin()
 
+    # FastAPI's own /docs and /redoc load their scripts from a CDN: blank on a robot network.
     app = FastAPI(
         title="sim2real-grasp service",
         version="1",
         description=(
             "POST one raw PNG or JPEG frame from the calibrated camera to /v1/grasp; the answer is the best "
-            "top-down grasp inside the workspace in the robot base frame (shared/CONTRACT.md section 6)."
+            "top-down grasp inside the workspace in the robot base frame (docs/robot_cell.md, section 6)."
         ),
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = svc
     app.state.registry = registry
+    app.state.limits, app.state.stopper, app.state.server_stats = limits, stopper, stats
+
+    def auth_error(request: Request) -> JSONResponse | None:
+        if token is None:
+            return None
+        auth = request.headers.get("authorization", "")
+        scheme, _, given = auth.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+            return None
+        return _error(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
+                      {"WWW-Authenticate": "Bearer"})
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": Health}})
     async def healthz():
@@ -297,13 +381,18 @@ def create_app(
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "error" if svc.load_error else "loading"}, status_code=503)
 
-    @app.get("/v1/info")
-    async def info():
-        return JSONResponse(svc.info())
+    @app.get("/v1/info", responses={401: {"model": ErrorAnswer, "description": "token missing or wrong"}})
+    async def info(request: Request):
+        return auth_error(request) or JSONResponse(svc.info())
 
-    @app.get("/metrics", response_class=Response)
-    async def metrics():
-        return Response(registry.render(), media_type=METRICS_CONTENT_TYPE)
+    @app.get("/metrics", response_class=Response,
+             responses={401: {"model": ErrorAnswer, "description": "token missing or wrong"}})
+    async def metrics(request: Request):
+        return auth_error(request) or Response(registry.render(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    async def docs():
+        return HTMLResponse(api_docs_html(app.openapi()))
 
     body_doc = {"schema": {"type": "string", "format": "binary"}}
 
@@ -313,11 +402,14 @@ def create_app(
         responses={
             200: {"content": {"image/png": {}}, "description": "the grasp (or, with debug=1, the frame with it drawn "
                   "and the JSON answer in the X-Grasp-Result header)"},
-            400: {"model": ErrorAnswer, "description": "undecodable image or a size other than image_size"},
-            401: {"model": ErrorAnswer, "description": "token missing or wrong"},
+            400: {"model": ErrorAnswer, "description": "undecodable image, a size other than image_size, or a "
+                  "JPEG with too many scans"},
+            401: {"model": ErrorAnswer, "description": "token missing or wrong (checked before the body is read)"},
+            408: {"model": ErrorAnswer, "description": "the body did not arrive within limits.body_timeout_s"},
             413: {"model": ErrorAnswer, "description": "body over the limit"},
             415: {"model": ErrorAnswer, "description": "not image/png or image/jpeg"},
-            503: {"model": ErrorAnswer, "description": "model not loaded yet"},
+            503: {"model": ErrorAnswer, "description": "model not loaded yet, queue full, or shutting down "
+                  "(Retry-After)"},
         },
         openapi_extra={
             "requestBody": {"required": True, "content": {"image/png": body_doc, "image/jpeg": body_doc}},
@@ -327,43 +419,56 @@ def create_app(
     )
     async def grasp(request: Request):
         t0 = time.perf_counter()
-        error: tuple[int, str, dict | None] | None = None
-        if token is not None:
-            auth = request.headers.get("authorization", "")
-            scheme, _, given = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-                error = (401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
-                         {"WWW-Authenticate": "Bearer"})
+        # Everything that can be refused is refused before the body is read: a refused
+        # request costs neither memory nor a wait for its bytes (perception.server bounds
+        # how long its rest may trickle in).
+        if (denied := auth_error(request)) is not None:
+            return denied
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if error is None and ctype not in ACCEPTED_TYPES:
-            error = (415, f"Content-Type must be image/png or image/jpeg, got {ctype or 'none'!r}", None)
+        if ctype not in ACCEPTED_TYPES:
+            return _error(415, f"Content-Type must be image/png or image/jpeg, got {ctype or 'none'!r}")
         declared = request.headers.get("content-length")
-        if error is None and declared is not None:
+        if declared is not None:
             try:
                 if int(declared) > max_body_bytes:
-                    error = (413, f"body of {int(declared)} bytes is over the limit of {max_body_bytes}", None)
+                    return _error(413, f"body of {int(declared)} bytes is over the limit of {max_body_bytes}")
             except ValueError:
-                error = (400, "invalid Content-Length", None)
-        try:
-            body, size = await _read_body(request, max_body_bytes)
-        except ClientDisconnect:
-            return _error(400, "client disconnected before sending the whole body")
-        if error is None and body is None:
-            error = (413, f"body of {size}+ bytes is over the limit of {max_body_bytes}", None)
-        if error is not None:
-            return _error(*error)
+                return _error(400, "invalid Content-Length")
         if not svc.ready:
             return _error(503, "the model is not loaded yet", {"Retry-After": "1"})
-        debug = request.query_params.get("debug", "0").lower() in ("1", "true", "yes")
+        if stopper.stopping.is_set():
+            return _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
+        if not gate.try_admit():
+            return _error(503, f"{gate.capacity} requests are already queued or running; retry shortly",
+                          {"Retry-After": "1"})
         try:
-            t_inf = time.perf_counter()
-            result = await anyio.to_thread.run_sync(svc.process, body, debug, limiter=limiter)
-            infer_hist.observe(time.perf_counter() - t_inf)
-        except (ImageDecodeError, PreprocessError) as exc:
-            return _error(400, str(exc))
-        except Exception:
-            log.exception("processing a frame failed")
-            return _error(500, "internal error while processing the frame")
+            with stopper.waiting() as stop_scope, anyio.move_on_after(limits.body_timeout_s) as body_scope:
+                try:
+                    body, size = await _read_body(request, max_body_bytes)
+                except ClientDisconnect:
+                    return _error(400, "client disconnected before sending the whole body")
+            if stop_scope.cancelled_caught:
+                return _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
+            if body_scope.cancelled_caught:
+                return _error(408, f"the body did not arrive within {limits.body_timeout_s:g} s", close=True)
+            if body is None:
+                return _error(413, f"body of {size}+ bytes is over the limit of {max_body_bytes}")
+            debug = request.query_params.get("debug", "0").lower() in ("1", "true", "yes")
+            result = None
+            with stopper.waiting() as stop_scope:
+                try:
+                    t_inf = time.perf_counter()
+                    result = await anyio.to_thread.run_sync(svc.process, body, debug, limiter=limiter)
+                    infer_hist.observe(time.perf_counter() - t_inf)
+                except (ImageDecodeError, PreprocessError) as exc:
+                    return _error(400, str(exc))
+                except Exception:
+                    log.exception("processing a frame failed")
+                    return _error(500, "internal error while processing the frame")
+            if result is None:  # shutdown cancelled the wait for an inference slot
+                return _error(503, "the service is shutting down", {"Retry-After": "1"})
+        finally:
+            gate.release()
         dec = result.decoded
         grasps.inc("grasp" if dec.grasp is not None else "none")
         answer = dec.to_dict()
@@ -381,34 +486,6 @@ def create_app(
 
 
 # ------------------------------------------------------------------------ CLI
-class _Server:
-    """uvicorn's server, ending with status 0 after SIGINT / SIGTERM (no re-raise)."""
-
-    @staticmethod
-    def make(config):
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-                original = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for s, h in original.items():
-                        signal.signal(s, h)
-
-            def handle_exit(self, sig, frame):
-                if not self.should_exit:
-                    log.info("received %s, shutting down", signal.Signals(sig).name)
-                super().handle_exit(sig, frame)
-
-        return Server(config)
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -420,7 +497,8 @@ def _is_loopback(host: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``sim2real-serve artifact=DIR calibration=FILE host=127.0.0.1 port=8000 token=null``."""
-    from perception.cli import CliError, compose_config, setup_logging
+    from perception.cli import CliError, compose_config, config_number, setup_logging
+    from perception.server import check_open_files, make_server
 
     prog = "sim2real-serve"
     cfg = compose_config("serve", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")
@@ -429,32 +507,33 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(prog, "artifact=DIR is required (the folder with policy.onnx and metadata.json)")
     token = None if cfg.token in (None, "") else str(cfg.token)
     try:
+        port = config_number(cfg, "port", int, lo=0, hi=65535)
+        max_body_mb = config_number(cfg, "max_body_mb", float, lo=0, lo_open=True)
+        max_concurrency = config_number(cfg, "max_concurrency", int, lo=1)
+        limits = ServerLimits.from_config(cfg.limits)
+        check_open_files(limits)
         app = create_app(
             artifact_dir=str(cfg.artifact),
             calibration=None if cfg.calibration in (None, "") else str(cfg.calibration),
             token=token,
-            max_body_bytes=int(float(cfg.max_body_mb) * 1024 * 1024),
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
             quality_threshold=cfg.quality_threshold,
-            workspace_margin=float(cfg.workspace_margin),
+            workspace_margin=config_number(cfg, "workspace_margin", float, lo=0),
             intra_op_num_threads=cfg.threads,
-            max_concurrency=int(cfg.max_concurrency),
+            max_concurrency=max_concurrency,
             repeats=dict(cfg.repeats),
+            limits=limits,
         )
     except (ArtifactError, CalibrationError, ValueError) as exc:
         raise CliError(prog, f"not starting: {exc}") from exc
     host = str(cfg.host)
     if not _is_loopback(host) and token is None:
         log.warning("binding %s without a token: anyone on the network can ask for grasps", host)
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=int(cfg.port), log_level=str(cfg.log_level).lower(),
-                            access_log=bool(cfg.access_log), timeout_graceful_shutdown=5, lifespan="on")
-    server = _Server.make(config)
-    log.info("serving %s on http://%s:%d (token %s)", cfg.artifact, host, int(cfg.port),
-             "required" if token else "off")
+    server = make_server(app, host, port, limits, log_level=str(cfg.log_level), access_log=bool(cfg.access_log))
+    log.info("serving %s on http://%s:%d (token %s)", cfg.artifact, host, port, "required" if token else "off")
     server.run()
     if getattr(server, "started", True) is False:
-        raise CliError(prog, f"could not start the server on {host}:{cfg.port}")
+        raise CliError(prog, f"could not start the server on {host}:{port}")
     log.info("stopped")
     return 0
 

@@ -40,14 +40,15 @@ def jpeg_bytes(frame) -> bytes:
 
 
 class ThreadServer:
-    """uvicorn serving an app in a thread on 127.0.0.1 (a real socket)."""
+    """The service's own server (perception.server.make_server) in a thread on 127.0.0.1 (a real socket)."""
 
     def __init__(self, app) -> None:
-        import uvicorn
+        from perception.server import ServerLimits, make_server
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        limits = getattr(app.state, "limits", None) or ServerLimits()
+        self.server = make_server(app, "127.0.0.1", self.port, limits, log_level="warning", handle_signals=False)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ThreadServer:
@@ -60,7 +61,7 @@ class ThreadServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         self.thread.join(10)
 
 

@@ -69,7 +69,8 @@ def test_openapi_and_metrics(live_server, png_bytes):
     assert set(body) == {"image/png", "image/jpeg"}
     post(live_server.url, png_bytes)
     post(live_server.url, b"junk")
-    text = httpx.get(live_server.url + "/metrics").text
+    assert httpx.get(live_server.url + "/metrics").status_code == 401  # the token guards it too
+    text = httpx.get(live_server.url + "/metrics", headers=AUTH).text
     assert 'sim2real_http_requests_total{path="/v1/grasp",status="200"}' in text
     assert 'sim2real_http_requests_total{path="/v1/grasp",status="400"}' in text
     assert 'sim2real_http_request_duration_seconds_bucket{path="/v1/grasp",le="+Inf"}' in text

@@ -73,7 +73,7 @@ def test_soak_concurrent_clients(artifact_dir, calib):
         growth_mb = (rss_samples[-1] - rss_before) / 2**20
         assert growth_mb < 25, f"RSS grew {growth_mb:.1f} MB over {2 * CLIENTS * PER_CLIENT} requests"
         assert httpx.get(url + "/healthz").status_code == 200
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(url + "/metrics", headers=headers).text
         assert 'status="500"' not in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
