@@ -13,12 +13,21 @@ leave the loop, frames older than the limit are refused, and steps are rate limi
 A grasp the robot executed without success is not handed over again while the scene
 around it has not moved (``repeats``, :mod:`perception.repeats`, as in the service).
 SIGINT and SIGTERM stop the loop after the current step.
+
+The hand-off never overlaps a motion: a robot that did not answer in time may still be
+moving, so the next grasp waits until the adapter confirms that the motion ended
+(``robot_idle_timeout``); one that cannot confirm ends the loop with exit code 3 and the
+attempt's number. A bad frame (another size, one pixel-identical to the previous frame or
+with a driver counter that did not advance: a frozen camera, since a real sensor never
+repeats its noise) is one failed step with its reason; ``max_failed_steps`` of them in a
+row end the loop (exit code 3).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -28,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from perception.artifact import PolicyRunner
 from perception.atomic import atomic_write_text
 from perception.cameras import StaleFrameError, ThreadedCamera
@@ -36,6 +47,9 @@ from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
 from perception.imageio import write_image
 from perception.repeats import RepeatGuard, repeat_options
 from perception.robots import GraspRequest, Outcome, RobotAdapter, RobotError
+
+#: Exit code of a loop that stopped itself for safety (unconfirmed motion, failing steps).
+EXIT_STOPPED_FOR_SAFETY = 3
 
 __all__ = ["AttemptRecorder", "GraspLoop", "LoopConfig", "load_attempts", "main"]
 
@@ -122,6 +136,30 @@ class LoopConfig:
     record_no_grasp: bool = True  # also record frames where nothing was worth grasping
     frame_timeout: float = 5.0  # s to wait for a fresh frame before logging and retrying
     repeats: dict | None = None  # perception.repeats options (None: off); a reported success is never remembered
+    max_failed_steps: int = 10  # consecutive failed steps (bad or stale frames, errors) before stopping
+    robot_idle_timeout: float = 30.0  # s to wait for a robot that did not answer in time to confirm it stopped
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first setting out of range."""
+        def check(key: str, ok: bool, want: str) -> None:
+            if not ok:
+                raise ValueError(f"{key} must be {want}, got {getattr(self, key)!r}")
+
+        def finite(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        for key in ("max_frame_age", "max_decision_age", "frame_timeout", "robot_idle_timeout"):
+            check(key, finite(getattr(self, key)) and getattr(self, key) > 0, "> 0 s")
+        for key in ("rate_hz", "settle_s", "workspace_margin"):
+            check(key, finite(getattr(self, key)) and getattr(self, key) >= 0, ">= 0")
+        check("quality_threshold", self.quality_threshold is None
+              or (finite(self.quality_threshold) and 0.0 <= self.quality_threshold <= 1.0), "in [0, 1] (or null)")
+        for key in ("max_attempts", "max_steps"):
+            v = getattr(self, key)
+            check(key, v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1), "a whole number >= 1 (or null)")
+        for key in ("max_robot_errors", "max_failed_steps"):
+            v = getattr(self, key)
+            check(key, isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number >= 1")
 
 
 @dataclass
@@ -134,7 +172,9 @@ class LoopStats:
     no_grasp: int = 0
     stale_frames: int = 0
     robot_errors: int = 0
+    failed_steps: int = 0
     stopped_by: str = ""
+    stop_reason: str = ""
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -163,6 +203,7 @@ class GraspLoop:
         self.robot = robot
         self.recorder = recorder
         self.cfg = config or LoopConfig()
+        self.cfg.validate()
         self.stop = stop or threading.Event()
         self.stats = LoopStats()
         self.threshold = float(self.cfg.quality_threshold if self.cfg.quality_threshold is not None
@@ -170,6 +211,8 @@ class GraspLoop:
         self._not_before = 0.0
         self._frames_after = 0.0
         self._consecutive_robot_errors = 0
+        self._consecutive_failed = 0
+        self._previous: Frame | None = None
         self.repeats = RepeatGuard.build(self.calib, self.cfg.repeats)
 
     @property
@@ -193,17 +236,28 @@ class GraspLoop:
                                      fresh=True, after=self._frames_after)
         except StaleFrameError as exc:
             self.stats.stale_frames += 1
-            log.warning("%s", exc)
+            self._failed(str(exc))
             return None
         self.stats.steps += 1
+        bad = self._bad_frame(frame)
+        if bad is not None:
+            self.stats.stale_frames += "identical" in bad or "counter" in bad
+            self._failed(bad)
+            return None
         t0 = time.perf_counter()
         avoid: dict = {}
-        if self.repeats is not None:
-            fingerprint, avoid = self.repeats.avoiding(frame.image)
-        maps = self.runner.infer(frame.image)
-        dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                           self.threshold, self.cfg.workspace_margin, surface=maps.surface,
-                           **self.runner.meta.decode, **avoid)
+        try:
+            if self.repeats is not None:
+                fingerprint, avoid = self.repeats.avoiding(frame.image)
+            maps = self.runner.infer(frame.image)
+            dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
+                               self.threshold, self.cfg.workspace_margin, surface=maps.surface,
+                               **self.runner.meta.decode, **avoid)
+        except Exception as exc:  # one bad frame is one failed step, never the end of the loop
+            log.exception("processing frame %d failed", frame.index)
+            self._failed(f"processing frame {frame.index} failed: {exc}")
+            return None
+        self._consecutive_failed = 0
         latency_ms = 1000.0 * (time.perf_counter() - t0)
         entry: dict[str, Any] = {
             "time": time.time(),
@@ -246,6 +300,11 @@ class GraspLoop:
             entry["error"] = str(exc)
             outcome = None
             log.error("robot: %s", exc)
+            if exc.in_motion and not self.robot.confirm_idle(self.cfg.robot_idle_timeout):
+                # The arm may still be moving: sending the next grasp could overlap it.
+                self._abort("robot_unconfirmed", f"attempt {attempt_id}: the robot did not answer in time and did "
+                            f"not confirm within {self.cfg.robot_idle_timeout:g} s that its motion ended; no further "
+                            "grasp is sent")
         self._frames_after = time.monotonic() + self.cfg.settle_s
         if outcome is not None:
             entry["outcome"] = outcome.to_dict()
@@ -260,6 +319,37 @@ class GraspLoop:
         log.info("attempt %d: grasp at (%.3f, %.3f, %.3f) yaw %.2f q=%.2f -> %s", attempt_id, *g.position, g.yaw,
                  g.quality, "error" if outcome is None else outcome.success)
         return entry
+
+    def _bad_frame(self, frame: Frame) -> str | None:
+        """Why a frame must not be used (its size, a frozen camera), or ``None``."""
+        W, H = self.calib.image_size
+        img = frame.image
+        if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.shape == (H, W, 3)):
+            shape = getattr(img, "shape", None)
+            return f"frame {frame.index} is {shape} {getattr(img, 'dtype', '')}; the calibration wants ({H}, {W}, 3) uint8"
+        prev, self._previous = self._previous, frame
+        if prev is not None and frame.index <= prev.index and frame.source == prev.source:
+            return f"frame {frame.index}: the camera's frame counter did not advance (previous {prev.index})"
+        if prev is not None and np.array_equal(img, prev.image):
+            return (f"frame {frame.index} is pixel-identical to the previous frame: a frozen camera "
+                    "(a real sensor never repeats its noise)")
+        return None
+
+    def _failed(self, reason: str) -> None:
+        self.stats.failed_steps += 1
+        self._consecutive_failed += 1
+        log.warning("failed step (%d in a row): %s", self._consecutive_failed, reason)
+        if self._consecutive_failed >= self.cfg.max_failed_steps:
+            self._abort("failed_steps", f"{self._consecutive_failed} failed steps in a row; the last: {reason}")
+
+    def _abort(self, by: str, reason: str) -> None:
+        self.stats.stopped_by, self.stats.stop_reason = by, reason
+        log.error("stopping: %s", reason)
+        self.stop.set()
+
+    @property
+    def stopped_for_safety(self) -> bool:
+        return self.stats.stopped_by in ("robot_unconfirmed", "failed_steps", "robot_errors")
 
     def _count(self, outcome: Outcome) -> None:
         if outcome.success is True:
@@ -280,8 +370,7 @@ class GraspLoop:
                 self.stats.stopped_by = "max_steps"
                 break
             if self._consecutive_robot_errors >= c.max_robot_errors:
-                self.stats.stopped_by = "robot_errors"
-                log.error("stopping: %d robot errors in a row", self._consecutive_robot_errors)
+                self._abort("robot_errors", f"{self._consecutive_robot_errors} robot errors in a row")
                 break
             self.step()
         if not self.stats.stopped_by:
@@ -312,7 +401,8 @@ def _build_camera_and_robot(cfg, calib):
     if robot_spec == "sim":
         robot = shared.robot()
     elif robot_spec.startswith(("http://", "https://")):
-        robot = make_robot(robot_spec, token=cfg.robot_token, timeout=float(cfg.robot_timeout))
+        robot = make_robot(robot_spec, token=cfg.robot_token, timeout=float(cfg.robot_timeout),
+                           idle_url=cfg.robot_idle_url or None)
     elif robot_spec == "jsonl":
         robot = make_robot(robot_spec, timeout=float(cfg.robot_timeout))
     else:
@@ -320,12 +410,39 @@ def _build_camera_and_robot(cfg, calib):
     return camera, robot, shared
 
 
+def loop_config(cfg, repeats: dict | None) -> LoopConfig:
+    """:class:`LoopConfig` from ``conf/grasp_loop.yaml``; a bad value raises ValueError naming its key."""
+    from perception.cli import config_number
+
+    def opt_int(key: str) -> int | None:
+        return None if cfg[key] is None else config_number(cfg, key, int, lo=1)
+
+    out = LoopConfig(
+        max_frame_age=config_number(cfg, "max_frame_age", float, lo=0, lo_open=True),
+        max_decision_age=config_number(cfg, "max_decision_age", float, lo=0, lo_open=True),
+        rate_hz=config_number(cfg, "rate_hz", float, lo=0),
+        settle_s=config_number(cfg, "settle_s", float, lo=0),
+        quality_threshold=None if cfg.quality_threshold is None
+        else config_number(cfg, "quality_threshold", float, lo=0, hi=1),
+        workspace_margin=config_number(cfg, "workspace_margin", float, lo=0),
+        max_attempts=opt_int("max_attempts"),
+        max_steps=opt_int("max_steps"),
+        max_robot_errors=config_number(cfg, "max_robot_errors", int, lo=1),
+        record_no_grasp=bool(cfg.record_no_grasp),
+        repeats=repeats,
+        max_failed_steps=config_number(cfg, "max_failed_steps", int, lo=1),
+        robot_idle_timeout=config_number(cfg, "robot_idle_timeout", float, lo=0, lo_open=True),
+    )
+    out.validate()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``sim2real-grasp-loop artifact=DIR calibration=FILE camera=SPEC robot=... out_dir=DIR``."""
     from perception.artifact import ArtifactError
     from perception.calibration import CalibrationError
     from perception.cameras import CameraError
-    from perception.cli import CliError, compose_config, setup_logging
+    from perception.cli import CliError, compose_config, config_number, setup_logging
 
     prog = "sim2real-grasp-loop"
     cfg = compose_config("grasp_loop", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")
@@ -333,25 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.artifact:
         raise CliError(prog, "artifact=DIR is required")
     try:
-        repeats = repeat_options(cfg.repeats)  # bad settings stop the loop before a camera or robot is opened
+        # Every setting is checked before a camera or robot is opened.
+        repeats = repeat_options(cfg.repeats)
+        loop_cfg = loop_config(cfg, repeats)
+        for key in ("robot_timeout", "reconnect_backoff_max"):
+            config_number(cfg, key, float, lo=0, lo_open=True)
         runner = PolicyRunner(str(cfg.artifact), None if not cfg.calibration else str(cfg.calibration),
                               intra_op_num_threads=cfg.threads)
         camera, robot, shared = _build_camera_and_robot(cfg, runner.calib)
     except (ArtifactError, CalibrationError, CameraError, ValueError, ImportError) as exc:
         raise CliError(prog, f"not starting: {exc}") from exc
-    loop_cfg = LoopConfig(
-        max_frame_age=float(cfg.max_frame_age),
-        max_decision_age=float(cfg.max_decision_age),
-        rate_hz=float(cfg.rate_hz),
-        settle_s=float(cfg.settle_s),
-        quality_threshold=cfg.quality_threshold,
-        workspace_margin=float(cfg.workspace_margin),
-        max_attempts=cfg.max_attempts,
-        max_steps=cfg.max_steps,
-        max_robot_errors=int(cfg.max_robot_errors),
-        record_no_grasp=bool(cfg.record_no_grasp),
-        repeats=repeats,
-    )
     stop = threading.Event()
 
     def _on_signal(sig, _frame):
@@ -380,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.out_dir:
         atomic_write_text(Path(cfg.out_dir) / "last_session.json", json.dumps(summary, indent=2) + "\n")
     log.info("loop finished: %s", json.dumps(summary))
+    if loop.stopped_for_safety:
+        print(f"{prog}: stopped: {stats.stop_reason}", file=sys.stderr)
+        return EXIT_STOPPED_FOR_SAFETY
     return 0
 
 

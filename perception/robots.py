@@ -26,6 +26,7 @@ import json
 import logging
 import select
 import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -49,7 +50,15 @@ log = logging.getLogger("sim2real.robot")
 
 
 class RobotError(RuntimeError):
-    """The robot or its controller could not execute the grasp or did not answer."""
+    """The robot or its controller could not execute the grasp or did not answer.
+
+    ``in_motion``: the robot may still be moving (it did not answer in time), so no
+    further grasp may be sent until :meth:`RobotAdapter.confirm_idle` says it stopped.
+    """
+
+    def __init__(self, message: str, in_motion: bool = False) -> None:
+        super().__init__(message)
+        self.in_motion = bool(in_motion)
 
 
 @dataclass
@@ -90,6 +99,12 @@ class RobotAdapter(abc.ABC):
     @abc.abstractmethod
     def execute(self, request: GraspRequest) -> Outcome:
         """Execute one grasp; raises :class:`RobotError` when it cannot."""
+
+    def confirm_idle(self, timeout: float) -> bool:
+        """After a :class:`RobotError` with ``in_motion``: wait up to ``timeout`` seconds for
+        the robot to confirm that its last motion ended. ``False``: it did not (or this
+        adapter has no way to ask): the loop must not send another grasp."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
@@ -143,8 +158,38 @@ class JsonLinesRobot(RobotAdapter):
         self.inp = inp or sys.stdin
         self.wait_outcome = wait_outcome
         self.timeout = timeout
+        self._pending: int | None = None  # the id whose outcome came too late
+
+    def _line_within(self, timeout: float | None) -> str | None:
+        if timeout is not None:
+            try:
+                ready, _, _ = select.select([self.inp], [], [], timeout)
+            except (OSError, ValueError, TypeError):  # not a selectable stream (e.g. StringIO)
+                ready = [self.inp]
+            if not ready:
+                return None
+        return self.inp.readline()
+
+    def confirm_idle(self, timeout: float) -> bool:
+        """The late outcome line of the grasp that timed out (or ``{"type": "idle"}``) confirms it."""
+        deadline = time.monotonic() + float(timeout)
+        while self._pending is not None:
+            line = self._line_within(max(0.0, deadline - time.monotonic()))
+            if not line:
+                return False
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and (obj.get("type") == "idle" or obj.get("id") == self._pending):
+                log.info("controller: grasp %s ended after its timeout", self._pending)
+                self._pending = None
+        return True
 
     def execute(self, request: GraspRequest) -> Outcome:
+        if self._pending is not None:
+            raise RobotError(f"grasp {self._pending} has not confirmed its end; not sending grasp {request.id}",
+                             in_motion=True)
         try:
             self.out.write(json.dumps(request.to_dict()) + "\n")
             self.out.flush()
@@ -152,14 +197,10 @@ class JsonLinesRobot(RobotAdapter):
             raise RobotError(f"cannot write to the controller: {exc}") from exc
         if not self.wait_outcome:
             return Outcome(None)
-        if self.timeout is not None:
-            try:
-                ready, _, _ = select.select([self.inp], [], [], self.timeout)
-            except (OSError, ValueError, TypeError):  # not a selectable stream (e.g. StringIO)
-                ready = [self.inp]
-            if not ready:
-                raise RobotError(f"no outcome from the controller within {self.timeout:.0f} s")
-        line = self.inp.readline()
+        line = self._line_within(self.timeout)
+        if line is None:
+            self._pending = request.id
+            raise RobotError(f"no outcome from the controller within {self.timeout:.0f} s", in_motion=True)
         if not line:
             raise RobotError("the controller closed its output (stdin of the loop)")
         try:
@@ -172,23 +213,44 @@ class HttpCallbackRobot(RobotAdapter):
     """POST each grasp as JSON to ``url``; the answer's JSON ``success`` is the outcome.
 
     An empty ``2xx`` answer means the grasp was accepted with no outcome; any other
-    status, or no answer within ``timeout`` seconds, raises :class:`RobotError`.
+    status, or no answer within ``timeout`` seconds, raises :class:`RobotError`. After a
+    timeout the robot may still be moving: with ``idle_url`` the adapter asks it
+    (``GET idle_url`` answering ``{"idle": true}``) before the next grasp; without one it
+    cannot, and the loop stops.
     """
 
     name = "http"
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"callback url must start with http:// or https://, got {url!r}")
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, idle_url: str | None = None) -> None:
+        for u in (url, idle_url):
+            if u is not None and not str(u).startswith(("http://", "https://")):
+                raise ValueError(f"callback url must start with http:// or https://, got {u!r}")
         self.url = url
         self.token = token
         self.timeout = float(timeout)
+        self.idle_url = idle_url
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def confirm_idle(self, timeout: float) -> bool:
+        if not self.idle_url:
+            return False
+        deadline = time.monotonic() + float(timeout)
+        while time.monotonic() < deadline:
+            try:
+                req = urllib.request.Request(self.idle_url, headers=self._headers())
+                with urllib.request.urlopen(req, timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as resp:
+                    if json.loads(resp.read(1 << 16) or b"{}").get("idle") is True:
+                        return True
+            except (urllib.error.URLError, OSError, TimeoutError, ValueError, AttributeError):
+                pass
+            time.sleep(0.2)
+        return False
 
     def execute(self, request: GraspRequest) -> Outcome:
         body = json.dumps(request.to_dict()).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        headers = {"Content-Type": "application/json", **self._headers()}
         req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -196,6 +258,10 @@ class HttpCallbackRobot(RobotAdapter):
         except urllib.error.HTTPError as exc:
             raise RobotError(f"controller at {self.url} answered {exc.code}: {exc.read(500)!r}") from exc
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            timed_out = isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+            if timed_out:  # it got the grasp and may be executing it
+                raise RobotError(f"controller at {self.url} did not answer within {self.timeout:g} s",
+                                 in_motion=True) from exc
             raise RobotError(f"controller at {self.url} unreachable: {exc}") from exc
         if not data.strip():
             return Outcome(None)

@@ -44,6 +44,9 @@ class SimCell:
         settle_steps: physics steps to let dropped objects come to rest.
         render_margin: extra field of view rendered before distortion (see ``conf/render``).
         renderer: ``"tiny"`` or ``"egl"``.
+        read_noise: Gaussian sensor noise on each frame, 8-bit levels: a real sensor never
+            delivers the same pixels twice, and the loop takes two identical frames for a
+            frozen camera.
     """
 
     def __init__(
@@ -56,8 +59,11 @@ class SimCell:
         settle_steps: int = 240,
         render_margin: float = 0.15,
         renderer: str = "tiny",
+        read_noise: float = 1.0,
     ) -> None:
         self.calib = calib or Calibration.load(default_calibration_path())
+        self.read_noise = float(read_noise)
+        self._noise_rng = np.random.default_rng(np.random.SeedSequence([int(seed), 104729]))
         self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 7919]))
         self.n_objects = n_objects
         self.urdfs = object_urdfs(split)
@@ -85,7 +91,8 @@ class SimCell:
         """The raw RGB frame of the calibrated camera ``(H, W, 3)`` at ``image_size``."""
         with self.lock:
             rgb, _, _ = render_camera(self.cell.client, self.calib, self.render_margin, self.renderer)
-        return rgb
+            noise = self._noise_rng.normal(0.0, self.read_noise, rgb.shape) if self.read_noise > 0 else 0.0
+        return np.clip(rgb + noise, 0, 255).astype(np.uint8) if self.read_noise > 0 else rgb
 
     def execute(self, request: GraspRequest) -> Outcome:
         with self.lock:
