@@ -21,7 +21,12 @@ Metadata (``format_version`` 1)::
                   "outputs": {"height": "height", "part": "part"}, "view": NetworkView.to_dict(),
                   "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.0072},  (optional)
      "view": NetworkView.to_dict(), "calibration": {contract calibration},
-     "training": {...}, "code_version": "..."}
+     "training": {...}, "code_version": "...",
+     "onnx_sha256": "<hex>"}                                   (and geometry.onnx_sha256)
+
+``onnx_sha256`` is the SHA-256 of the ONNX file's bytes: the loader refuses a file that
+does not match it (a swapped or corrupted graph), and warns when it is absent (artifacts
+written before it existed).
 
 ONNX outputs: ``quality`` ``(N, A, H, W)`` success probability per image-plane angle bin
 (:func:`perception.grasp.angle_bin_centers`), ``width`` ``(N, 1, H, W)`` opening in metres,
@@ -39,6 +44,7 @@ the grasp rule then runs on geometry seen where a part's edges are the image's e
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -63,6 +69,7 @@ __all__ = [
     "PolicyMaps",
     "PolicyRunner",
     "load_metadata",
+    "file_sha256",
     "calibration_drift",
     "check_calibration",
 ]
@@ -78,6 +85,8 @@ DRIFT_FOCAL_REL = 0.02  # fraction of fx / fy
 DRIFT_PRINCIPAL_PX = 8.0  # pixels
 DRIFT_TRANSLATION_M = 0.01  # metres
 DRIFT_ROTATION_RAD = math.radians(1.0)
+#: A quality threshold below this lets nearly every grasp through: a warning at load.
+LOW_THRESHOLD_WARNING = 0.05
 
 
 class ArtifactError(ValueError):
@@ -116,6 +125,7 @@ def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
         raise ArtifactError(f"field 'geometry.onnx' must be a plain *.onnx file name inside the artifact, got {name!r}")
     if not (root / name).is_file():
         raise ArtifactError(f"geometry ONNX file {root / name} not found")
+    _check_sha256(root / name, g.get("onnx_sha256"), "geometry.onnx_sha256")
     inp = _req(g, "input", "geometry")
     input_name = _req(inp, "name", "geometry.input")
     if not isinstance(input_name, str) or not input_name:
@@ -185,6 +195,28 @@ class ArtifactMetadata:
     @property
     def code_version(self) -> str | None:
         return self.raw.get("code_version")
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_sha256(path: Path, want: Any, field_name: str) -> None:
+    if want is None:
+        log.warning("artifact field %r is absent: %s is not checked against its hash (an artifact from before "
+                    "hashes; export it again)", field_name, path.name)
+        return
+    if not isinstance(want, str) or len(want) != 64:
+        raise ArtifactError(f"field {field_name!r} must be a hex SHA-256 (64 characters)")
+    got = file_sha256(path)
+    if got != want.lower():
+        raise ArtifactError(f"{path} does not match the artifact's {field_name} ({got[:12]}... against "
+                            f"{want[:12]}...): the file was changed or corrupted after export")
 
 
 def _req(d: Any, key: str, where: str = "metadata") -> Any:
@@ -272,6 +304,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     onnx_path = root / onnx_name
     if not onnx_path.is_file():
         raise ArtifactError(f"ONNX file {onnx_path} not found")
+    _check_sha256(onnx_path, raw.get("onnx_sha256"), "onnx_sha256")
 
     inp = _req(raw, "input")
     name = _req(inp, "name", "input")
@@ -307,6 +340,9 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raise ArtifactError("field 'angle_bins' must be >= 1")
     if not 0.0 <= threshold <= 1.0:
         raise ArtifactError("field 'quality_threshold' must be in [0, 1]")
+    if threshold < LOW_THRESHOLD_WARNING:
+        log.warning("the artifact's quality_threshold is %.3f: nearly every grasp passes it, and an empty bin is "
+                    "answered with a grasp", threshold)
     decode = _decode_options(raw.get("decode", {}))
     try:
         view = NetworkView.from_dict(_req(raw, "view"))
@@ -377,10 +413,13 @@ def calibration_drift(trained: Calibration, serving: Calibration) -> list[str]:
 
 
 def check_calibration(meta: ArtifactMetadata, calib: Calibration) -> list[str]:
-    """Refuse a serving calibration of another ``image_size``; return drift warnings.
+    """Refuse a serving calibration of another ``image_size`` or one whose workspace does
+    not hold the artifact's; return drift warnings.
 
     Raises:
-        ArtifactError: when ``calib.image_size`` differs from the artifact's.
+        ArtifactError: when ``calib.image_size`` differs from the artifact's, or the
+            artifact's workspace reaches outside the serving one (a widened workspace in
+            a changed ``metadata.json``).
     """
     if tuple(calib.image_size) != tuple(meta.calibration.image_size):
         W, H = calib.image_size
@@ -390,6 +429,13 @@ def check_calibration(meta: ArtifactMetadata, calib: Calibration) -> list[str]:
             f"for {Wt}x{Ht} frames: use the calibration of the camera the policy was trained for, "
             "or retrain the policy with this calibration"
         )
+    tol = 1e-3  # m: a rounded number in a hand-edited calibration is not a widened workspace
+    for axis, (lo, hi), (tlo, thi) in (("x", calib.workspace_x, meta.calibration.workspace_x),
+                                       ("y", calib.workspace_y, meta.calibration.workspace_y)):
+        if tlo < lo - tol or thi > hi + tol:
+            raise ArtifactError(
+                f"the artifact's workspace.{axis} [{tlo:.3f}, {thi:.3f}] m reaches outside the serving "
+                f"calibration's [{lo:.3f}, {hi:.3f}] m: export the policy for this calibration")
     return calibration_drift(meta.calibration, calib)
 
 

@@ -1,4 +1,4 @@
-"""The contract's calibration file (``shared/CONTRACT.md`` section 2).
+"""The contract's calibration file (``docs/robot_cell.md`` section 2).
 
 :class:`Calibration` is loaded and validated here once; every error names the
 field that is wrong so a user can fix the file.
@@ -111,6 +111,8 @@ class Calibration:
             table_z = float(data["table_z"])
         except (TypeError, ValueError) as exc:
             raise CalibrationError("calibration field 'table_z' must be a number") from exc
+        if not math.isfinite(table_z):
+            raise CalibrationError(f"calibration field 'table_z' must be a finite number, got {table_z}")
         ws = data.get("workspace")
         if not isinstance(ws, dict):
             raise CalibrationError("calibration field 'workspace' is missing or not an object")

@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 
 from perception.calibration import Calibration
-from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
+from perception.frames import GRIPPER_MAX_WIDTH, MAX_TIP_HEIGHT, MIN_TIP_CLEARANCE
 from perception.geometry import NetworkView, project_points, view_pixels_to_base
 from perception.grasp import Grasp, angle_bin_centers, normalize_angle, view_grasp_to_base
 from perception.repeats import DEFAULT_REPEATS
@@ -68,10 +68,13 @@ class DecodedGrasp:
 
 
 def grasp_in_workspace(grasp: Grasp, calib: Calibration, margin: float = 0.0) -> bool:
-    """Whether a grasp is safe to hand to the robot: finite and inside the workspace."""
+    """Whether a grasp is safe to hand to the robot: finite, inside the workspace, and with
+    its fingertips between ``MIN_TIP_CLEARANCE`` and ``MAX_TIP_HEIGHT`` above the table."""
     p = np.asarray(grasp.position, dtype=np.float64)
     return bool(
         np.all(np.isfinite(p))
+        and margin >= 0.0
+        and calib.table_z + MIN_TIP_CLEARANCE - 1e-9 <= p[2] <= calib.table_z + MAX_TIP_HEIGHT
         and math.isfinite(grasp.yaw)
         and -math.pi / 2 < grasp.yaw <= math.pi / 2
         and 0.0 <= grasp.width <= GRIPPER_MAX_WIDTH
@@ -212,6 +215,7 @@ def decode_grasp(
             & (centres[:, 0] <= x1 - m)
             & (centres[:, 1] >= y0 + m)
             & (centres[:, 1] <= y1 - m)
+            & (z <= calib.table_z + MAX_TIP_HEIGHT)
         )
     if not inside.any():
         return _none(

@@ -32,6 +32,9 @@ GRIPPER_FINGER_HALF_THICKNESS = 0.009
 GRIPPER_FINGER_HALF_DEPTH = 0.011
 #: Minimum fingertip height above the table, metres (contract section 3).
 MIN_TIP_CLEARANCE = 0.005
+#: Maximum fingertip height above the table a grasp may ask for, metres: the parts are a
+#: few centimetres tall and the bin walls at most 0.06 m, so a higher grasp is a fault.
+MAX_TIP_HEIGHT = 0.15
 #: Height of the lift after closing, metres.
 LIFT_HEIGHT = 0.2
 #: Hold time after lifting, seconds.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION
+from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, file_sha256
 from perception.calibration import Calibration, default_calibration_path
 from perception.geometry import make_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
@@ -153,6 +153,7 @@ def make_test_artifact(
         "calibration": calib.to_dict(),
         "training": {"synthetic": True, "peak_xy": peak_xy, "peak_yaw": peak_yaw, "gain": gain},
         "code_version": "test",
+        "onnx_sha256": file_sha256(out / "policy.onnx"),
     }
     (out / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out

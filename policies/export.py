@@ -32,8 +32,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, METADATA_FILE
-from perception.atomic import atomic_write_text
+from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, METADATA_FILE, file_sha256
+from perception.atomic import atomic_write_text, default_dir_mode, default_file_mode
 from perception.calibration import Calibration
 from perception.geometry import NetworkView
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
@@ -274,11 +274,13 @@ def export_artifact(
         }
         if geometry is not None:
             meta["geometry"] = _export_geometry(geometry, calibration, tmp, verify_atol)
+            meta["geometry"]["onnx_sha256"] = file_sha256(tmp / GEOMETRY_ONNX_FILE)
+        meta["onnx_sha256"] = file_sha256(onnx_path)  # the loader refuses a graph changed after export
         atomic_write_text(tmp / METADATA_FILE, json.dumps(meta, indent=1, default=_json_default) + "\n")
-        # mkdtemp/mkstemp make private files; the artifact is meant to be shared.
-        os.chmod(tmp, 0o755)
+        # mkdtemp makes a private folder; the artifact gets what a plain mkdir / open would (the umask's).
+        os.chmod(tmp, default_dir_mode())
         for f in tmp.iterdir():
-            os.chmod(f, 0o644)
+            os.chmod(f, default_file_mode())
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"

@@ -299,3 +299,45 @@ def test_conv_artifact_runs(tmp_path, calib):
     runner = PolicyRunner(d, intra_op_num_threads=1)
     m = runner.infer(make_test_frame(calib))
     assert m.quality.shape == (8, 48, 64)
+
+
+def test_a_tampered_artifact_does_not_start(tmp_path, artifact_dir, calib, caplog):
+    """issue 12: a changed ONNX file, table_z NaN or a widened workspace stop the load; no hash warns."""
+    from perception.artifact import check_calibration
+
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    assert len(meta["onnx_sha256"]) == 64 and load_metadata(d).onnx_path.is_file()
+    with open(d / "policy.onnx", "ab") as fh:  # one byte appended: still loads in onnxruntime, not here
+        fh.write(b"\0")
+    with pytest.raises(ArtifactError, match="changed or corrupted"):
+        load_metadata(d)
+    shutil.copy(artifact_dir / "policy.onnx", d / "policy.onnx")
+    bad = json.loads(json.dumps(meta))
+    bad["calibration"]["table_z"] = float("nan")
+    (d / "metadata.json").write_text(json.dumps(bad))
+    with pytest.raises(ArtifactError, match="table_z.*finite"):
+        load_metadata(d)
+    wide = json.loads(json.dumps(meta))
+    wide["calibration"]["workspace"]["x"] = [0.1, 0.9]
+    (d / "metadata.json").write_text(json.dumps(wide))
+    with pytest.raises(ArtifactError, match="reaches outside the serving"):
+        check_calibration(load_metadata(d), calib)
+    old = {k: v for k, v in meta.items() if k != "onnx_sha256"}
+    old["quality_threshold"] = 0.0
+    (d / "metadata.json").write_text(json.dumps(old))
+    with caplog.at_level("WARNING"):
+        load_metadata(d)
+    assert "onnx_sha256" in caplog.text and "nearly every grasp" in caplog.text
+
+
+def test_safety_check_bounds_the_height(calib):
+    from perception.grasp import Grasp
+
+    x, y = sum(calib.workspace_x) / 2, sum(calib.workspace_y) / 2
+    ok = Grasp(position=[x, y, calib.table_z + 0.02], yaw=0.1, width=0.05, quality=0.9)
+    assert grasp_in_workspace(ok, calib)
+    for z in (calib.table_z - 0.01, calib.table_z + 0.2):
+        assert not grasp_in_workspace(Grasp(position=[x, y, z], yaw=0.1, width=0.05, quality=0.9), calib), z
+    assert not grasp_in_workspace(ok, calib, margin=-0.5)
