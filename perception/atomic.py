@@ -1,6 +1,8 @@
 """Atomic file writes: a temporary file in the same folder, fsync, then rename.
 
-A crash or a full disk leaves either the old file or no file, never half of one.
+A crash or a full disk leaves either the old file or no file, never half of one. The
+file gets the mode a plain ``open`` would give it (0666 less the umask): ``mkstemp``'s
+0600 would make datasets and reports on a shared folder unreadable to everyone else.
 """
 
 from __future__ import annotations
@@ -11,7 +13,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "default_dir_mode", "default_file_mode"]
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it (os.umask would, for a moment, for every thread)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """0666 less the process's umask (what ``open(path, "w")`` creates)."""
+    return 0o666 & ~_umask()
+
+
+def default_dir_mode() -> int:
+    """0777 less the process's umask (what ``mkdir`` creates)."""
+    return 0o777 & ~_umask()
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -20,6 +44,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()

@@ -56,3 +56,21 @@ def test_refusals(png_bytes, jpeg_bytes):
     bomb[16:24] = (100000).to_bytes(4, "big") * 2
     with pytest.raises(ImageDecodeError, match="impossible size"):
         decode_image(bytes(bomb))
+
+
+def test_atomic_files_respect_the_umask(tmp_path):
+    """issue 12: mkstemp's 0600 made shared datasets unreadable; files get 0666 less the umask."""
+    import os
+    import stat
+
+    from perception.atomic import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o600
