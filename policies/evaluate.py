@@ -765,7 +765,16 @@ def _hydra_main(cfg: DictConfig) -> None:
     from perception.artifact import ArtifactError
     from perception.calibration import CalibrationError
 
+    from hydra.core.hydra_config import HydraConfig
+
     logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING)
+    if not cfg.artifact:
+        # A bare command would run the reference policies for a minute and write ./eval.json.
+        given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+        if "brackets" not in given:
+            print("sim2real-eval: error: nothing to evaluate: give artifact=DIR (a policy artifact) or "
+                  "brackets=[oracle,random] (the reference policies alone)", file=sys.stderr)
+            sys.exit(2)
     try:
         run_eval(cfg)
     except (ArtifactError, CalibrationError, ValueError, OSError) as exc:

@@ -180,3 +180,7 @@ def test_eval_cli_refuses_a_missing_artifact(tmp_path):
     proc = subprocess.run([str(exe), f"artifact={tmp_path / 'nope'}", "n_episodes=1"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "artifact" in proc.stderr
+    # Nothing to evaluate at all (issue 12: it ran the brackets for 45 s and wrote ./eval.json).
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "artifact=DIR" in proc.stderr and "brackets=" in proc.stderr
+    assert not (tmp_path / "eval.json").exists()
