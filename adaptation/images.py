@@ -1,4 +1,4 @@
-"""Reading the user's folder of real camera frames (``shared/CONTRACT.md`` section 4).
+"""Reading the user's folder of real camera frames (``docs/robot_cell.md`` section 4).
 
 A folder of ``*.png`` / ``*.jpg`` frames at the calibration's ``image_size``, no labels.
 An empty folder, an unreadable file or a frame of the wrong size stops with a

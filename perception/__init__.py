@@ -3,5 +3,5 @@ preprocessing and (later) camera drivers and the grasp service.
 
 Everything here uses numpy and OpenCV only, so the robot computer can run the
 exported ONNX policy without the training stack.  Frames and units follow
-``shared/CONTRACT.md`` section 1 and are stated once, in :mod:`perception.frames`.
+``docs/robot_cell.md`` section 1 and are stated once, in :mod:`perception.frames`.
 """

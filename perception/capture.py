@@ -1,4 +1,4 @@
-"""``sim2real-capture``: collect real camera frames for adaptation (CONTRACT section 4).
+"""``sim2real-capture``: collect real camera frames for adaptation (docs/robot_cell.md section 4).
 
     sim2real-capture camera=SPEC out_dir=DIR n=200 interval=1.0 trigger=time|key calibration=FILE
 

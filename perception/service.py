@@ -1,4 +1,4 @@
-"""The on-robot grasp service, ``sim2real-serve`` (shared/CONTRACT.md section 6).
+"""The on-robot grasp service, ``sim2real-serve`` (docs/robot_cell.md section 6).
 
 ``POST /v1/grasp`` takes the raw bytes of one PNG or JPEG frame from the calibrated
 camera and answers the best grasp inside the workspace. ``GET /healthz`` tells whether
