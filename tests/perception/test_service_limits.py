@@ -284,6 +284,7 @@ def test_frames_are_answered_under_abuse_with_128_open_files(artifact_dir, frame
                   "limits.header_timeout_s=2", "limits.body_timeout_s=2", nofile=128)
     stop = threading.Event()
     statuses: list[int] = []
+    bomb_statuses: list[int] = []
     bomb = _many_scans(frame, 150)  # 7.6 MB: under the body limit, so the scans are what refuses it
     try:
         wait_until_healthy(url, proc, timeout=60)
@@ -311,7 +312,7 @@ def test_frames_are_answered_under_abuse_with_128_open_files(artifact_dir, frame
                 while not stop.is_set():
                     with contextlib.suppress(httpx.HTTPError):
                         r = c.post(url + "/v1/grasp", content=bomb, headers={**AUTH, "Content-Type": "image/jpeg"})
-                        assert r.status_code in (400, 503), r.status_code
+                        bomb_statuses.append(r.status_code)
 
         threads = [threading.Thread(target=f, daemon=True) for f in (idle_opener, trickler, trickler, bomber)]
         for t in threads:
@@ -332,6 +333,8 @@ def test_frames_are_answered_under_abuse_with_128_open_files(artifact_dir, frame
             deadline_misses += got != 200
         assert deadline_misses == 0, statuses
         assert proc.poll() is None
+        # The bombs are refused (400), or turned away (503), or too slow to arrive under this load (408).
+        assert bomb_statuses and set(bomb_statuses) <= {400, 408, 503} and 400 in bomb_statuses, bomb_statuses
     finally:
         stop.set()
         time.sleep(0.3)
