@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -60,11 +61,22 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
         if not p.is_file():
             log.warning("ckpt_path=last but %s does not exist: starting a fresh run", p)
             return None
-        return str(p)
-    p = Path(ckpt_path)
-    if not p.is_file():
-        raise FileNotFoundError(f"ckpt_path {p} does not exist; use ckpt_path=last to resume the run in output_dir")
-    return str(p)
+        path = p
+    else:
+        path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path {path} does not exist; use ckpt_path=last to resume the run in output_dir")
+    # A checkpoint is a zip archive: one cut short by a kill or a full disk is refused here,
+    # with its name, instead of a traceback from deep inside torch.load.
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ValueError(f"ckpt_path {path} is not a readable checkpoint ({exc}): it was probably cut short; "
+                         "resume from an earlier one in checkpoints/ or start fresh (ckpt_path=null)") from None
+    if bad is not None:
+        raise ValueError(f"ckpt_path {path} is damaged (entry {bad}); resume from an earlier checkpoint")
+    return str(path)
 
 
 def _checkpoint_extra(ckpt: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ __all__ = ["LOGGERS", "logger_name", "TrainLogger", "policy_logger", "wandb_run_
 #: The logger group's choices (``conf/logger/*.yaml``).
 LOGGERS = ("csv", "none", "wandb")
 
-#: Where a policy run keeps its W&B run id, so that ``resume=...`` continues the same W&B run.
+#: Where a policy run keeps its W&B run id, so that ``ckpt_path=...`` continues the same W&B run.
 RUN_ID_FILE = ".wandb_run_id"
 
 

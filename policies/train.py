@@ -4,7 +4,7 @@
 
 Writes into ``output_dir``: ``policy.ckpt`` (weights + the resolved config in its
 hyperparameters; ``GraspPolicyModule.load_from_checkpoint`` restores it), ``config.yaml``,
-``checkpoints/last.ckpt`` (resume with ``resume=...``), ``logs/version_N/metrics.csv``
+``checkpoints/last.ckpt`` (resume with ``ckpt_path=last``, as ``sim2real-adapt`` does), ``logs/version_N/metrics.csv``
 (``train/...``, ``val/...``; one version per run, so a resumed run keeps the earlier log), ``artifact/`` (``policy.onnx`` + ``metadata.json``, see :mod:`policies.export`)
 and ``train_summary.json`` (what :func:`train_policy` returns).
 """
@@ -93,7 +93,7 @@ def train_policy(
     dataset_dirs: Sequence[str | Path],
     output_dir: str | Path,
     translator: Translator | None = None,
-    resume: str | Path | None = None,
+    ckpt_path: str | Path | None = None,
     export: bool = True,
     fast_dev_run: bool | int = False,
     seed: int | None = None,
@@ -109,14 +109,15 @@ def train_policy(
         output_dir: where everything goes (see the module docstring).
         translator: ``(N, H, W, 3) uint8 -> uint8`` on view images (sim -> adapted); ``None``
             trains on the sim frames as rendered (the ``adaptation=none`` ablation).
-        resume: a Lightning checkpoint to continue from.
+        ckpt_path: a Lightning checkpoint to continue from; ``"last"``:
+            ``output_dir/checkpoints/last.ckpt`` (a fresh run when there is none yet).
         export: write ``output_dir/artifact``.
         fast_dev_run: Lightning's smoke-test mode (one batch of each).
         seed: overrides ``cfg.seed`` (default 0).
         callbacks: extra Lightning callbacks.
         init_from: a ``policy.ckpt`` whose network weights training starts from (a fresh
-            optimiser and schedule: fine-tuning, unlike ``resume``). Without it (and without
-            ``resume``) training starts from ``policy.base`` when set (:mod:`policies.base`).
+            optimiser and schedule: fine-tuning, unlike ``ckpt_path``). Without it (and without
+            ``ckpt_path``) training starts from ``policy.base`` when set (:mod:`policies.base`).
         mixed_calibrations: folders rendered for different cameras, each seen in the view
             of its own calibration (the base's training; the artifact is the first's).
 
@@ -166,6 +167,9 @@ def train_policy(
         config={"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
                 "translator": None if translator is None else repr(translator)},
     )
+    from adaptation.train import resolve_ckpt_path
+
+    resume = resolve_ckpt_path(None if ckpt_path is None else str(ckpt_path), out)
     base_info = None
     if init_from is not None:
         state = torch.load(str(init_from), map_location="cpu", weights_only=True)["state_dict"]
@@ -300,10 +304,10 @@ def _hydra_main(cfg: DictConfig) -> None:
             raise ValueError("dataset_dirs is empty: give dataset_dirs=[DIR,...] (sim2real-render output folders)")
         translator = load_translator(cfg.translator) if cfg.translator else None
         summary = train_policy(
-            cfg, dirs, cfg.output_dir, translator, resume=cfg.resume, export=bool(cfg.export),
+            cfg, dirs, cfg.output_dir, translator, ckpt_path=cfg.ckpt_path, export=bool(cfg.export),
             fast_dev_run=bool(cfg.fast_dev_run), seed=int(cfg.seed),
         )
-    except (CalibrationError, ValueError, OSError) as exc:
+    except (CalibrationError, ValueError, OSError) as exc:  # FileNotFoundError for a missing ckpt_path too
         print(f"sim2real-train-policy: error: {exc}", file=sys.stderr)
         sys.exit(2)
     m = summary["metrics"]
@@ -313,4 +317,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from perception.cliutil import arg_value, fail
+
+    if arg_value(sys.argv[1:], "resume") is not None or arg_value(sys.argv[1:], "+resume") is not None:
+        fail("sim2real-train-policy", "resume= is now ckpt_path=, as in sim2real-adapt: ckpt_path=last (this "
+             "output_dir's checkpoints/last.ckpt) or ckpt_path=FILE.ckpt")
     _hydra_main()

@@ -70,8 +70,13 @@ def test_resume_continues_the_step_count(rendered, tmp_path):
     first = train_policy(_cfg(["policy.max_steps=2"]), [rendered], out, export=False)
     assert first["global_step"] == 2
     second = train_policy(_cfg(["policy.max_steps=4"]), [rendered], out, export=False,
-                          resume=out / "checkpoints" / "last.ckpt")
+                          ckpt_path="last")
     assert second["global_step"] == 4
+    # A checkpoint cut short (a kill, a full disk) is refused by name, not with torch's traceback.
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes((out / "checkpoints" / "last.ckpt").read_bytes()[:5000])
+    with pytest.raises(ValueError, match="cut short"):
+        train_policy(_cfg(["policy.max_steps=6"]), [rendered], out, export=False, ckpt_path=cut)
 
 
 def test_adapted_training_uses_the_translator(rendered, tmp_path):
@@ -143,3 +148,12 @@ def test_time_budget_fits_the_cosine_schedule_to_the_pace():
     module.update_horizon(20, 102.0)  # 20 steps in 2 s: 0.1 s per step, 8 s left
     assert 90 <= module._horizon <= 110
     assert sched.lr_lambdas[0](module._horizon) < 0.06  # the schedule ends with the budget
+
+
+def test_the_old_resume_key_names_the_new_one(monkeypatch, capsys):
+    from policies.train import main
+
+    monkeypatch.setattr("sys.argv", ["sim2real-train-policy", "dataset_dirs=[x]", "resume=out/checkpoints/last.ckpt"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and "ckpt_path=" in capsys.readouterr().err

@@ -81,5 +81,5 @@ def test_policy_ddp_two_processes_then_resume_on_one(tiny_data, tmp_path, cli, r
 
     # resume the DDP checkpoint on one process (in this one)
     cfg = compose_config("train_policy", [*POLICY_TINY, "policy.max_steps=6"])
-    second = train_policy(cfg, [tiny_data["sim"]], out, resume=out / "checkpoints" / "last.ckpt", export=False)
+    second = train_policy(cfg, [tiny_data["sim"]], out, ckpt_path=out / "checkpoints" / "last.ckpt", export=False)
     assert second["global_step"] == 6

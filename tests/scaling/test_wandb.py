@@ -117,7 +117,7 @@ def test_policy_trainer_logs_to_wandb_and_resume_keeps_the_run(tiny_data, tmp_pa
                          export=False)
     assert wandb.run is None, "the trainer finishes the run it started"
     second = train_policy(compose_config("train_policy", [*over, "policy.max_steps=4"]), [tiny_data["sim"]], out,
-                          export=False, resume=out / "checkpoints" / "last.ckpt")
+                          export=False, ckpt_path=out / "checkpoints" / "last.ckpt")
     assert (first["global_step"], second["global_step"]) == (2, 4)
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2, runs
