@@ -62,9 +62,13 @@ class Stages:
             self.records[name] = rec
             log.info("stage %-8s reused %s", name, d)
             return d, rec["result"], h
+        if d.exists() and not self.reuse:
+            shutil.rmtree(d)  # reuse=false: everything anew
         if d.exists():
-            shutil.rmtree(d)  # an unfinished earlier attempt
-        d.mkdir(parents=True)
+            # An interrupted attempt with this very hash: its finished shards and checkpoints
+            # are what the stage resumes from (render shards, ckpt_path=last), not rubbish.
+            log.info("stage %-8s resuming the unfinished attempt in %s", name, d)
+        d.mkdir(parents=True, exist_ok=True)
         log.info("stage %-8s running -> %s", name, d)
         t0 = time.perf_counter()
         result = fn(d)
@@ -191,6 +195,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
                 acfg[k] = v
             acfg.sim_dir, acfg.real_dir, acfg.output_dir = str(sim_path), str(real_dir), str(d)
             acfg.calibration, acfg.seed = str(calib_path), seed
+            acfg.ckpt_path = "last"  # an interrupted attempt continues (a fresh run when there is none)
             return adapt_train(acfg)
 
         adapt_path, adapt_res, adapt_hash = stages.run("adapt", a_payload, make_adapt)
@@ -216,7 +221,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     def make_policy(d: Path) -> dict:
         summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": to_plain(cfg.get("logger"))}),
                                [str(sim_path)], d,
-                               translator=translator, seed=seed)
+                               translator=translator, seed=seed, ckpt_path="last")
         return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
                                         "n_train_frames", "n_val_frames", "adapted", "base")}
 

@@ -84,7 +84,6 @@ def render(cfg: DictConfig) -> dict:
     chash = config_hash(calib, cfg.render, cfg.seed, cfg.scenes_per_shard)
     out.mkdir(parents=True, exist_ok=True)
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
-    atomic_write_text(out / "config.yaml", resolved)
     meta = {
         "profile": str(cfg.render.name),
         "config_hash": chash,
@@ -101,6 +100,8 @@ def render(cfg: DictConfig) -> dict:
         workers=int(cfg.workers),
         shard_range=parse_shard_range(cfg.shards, math.ceil(int(cfg.n_scenes) / max(int(cfg.scenes_per_shard), 1))),
         progress=True,
+        # After the checks: a rerun refused (another seed, another config) leaves the folder's config as it was.
+        on_checked=lambda: atomic_write_text(out / "config.yaml", resolved),
     )
     if manifest.get("complete") is not False and cfg.get("panel", True):
         from sim_render.panel import dataset_panel, save_png

@@ -282,6 +282,7 @@ def render_shards(
     workers: int = 1,
     shard_range: tuple[int, int] | None = None,
     progress: bool = True,
+    on_checked: Callable[[], None] | None = None,
 ) -> dict:
     """Render the missing shards of a dataset (resuming), then write its manifest.
 
@@ -303,6 +304,7 @@ def render_shards(
         workers: rendering processes (1 = render in this process).
         shard_range: ``(a, b)``: render only shards ``a .. b-1`` (launchers fanning out).
         progress: show a tqdm bar counting scenes.
+        on_checked: called once the folder passed every check, before anything is rendered.
 
     Returns:
         The manifest when the whole dataset is finished; otherwise (a ``shard_range``
@@ -340,6 +342,8 @@ def render_shards(
     _remove_stale_temp_files(out_dir, range(a, b), whole=(a, b) == (0, n_shards))
     # Raises before anything is changed when the folder holds another run's shards.
     todo = [k for k in range(a, b) if not _shard_ready(out_dir, k, expected, full_check=True)]
+    if on_checked is not None:  # e.g. the CLI's config.yaml: written only into a folder this run may use
+        on_checked()
     _drop_outdated_manifest(out_dir, expected)
     reused = [shard_name(k) for k in sorted(set(range(a, b)) - set(todo))]
     if reused:

@@ -195,3 +195,24 @@ def test_render_stage_hash_follows_the_profile_file(tmp_path):
     assert payload["empty_scene_prob"] == on_disk["empty_scene_prob"]
     other = _profile_payload(tmp_path, "randomized", default_calibration_path(), ["render.empty_scene_prob=0.0"])
     assert stage_hash({"profile": payload}) != stage_hash({"profile": other})
+
+
+def test_an_interrupted_stage_resumes_from_what_it_finished(tmp_path):
+    """issue 12: the rerun deleted an unfinished stage although its shards and checkpoints existed."""
+    from policies.pipeline import Stages
+
+    def interrupted(d):
+        (d / "shard-000000.npz").write_text("finished part")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Stages(tmp_path, reuse=True).run("render", {"n": 4}, interrupted)
+    seen = []
+    d, res, _ = Stages(tmp_path, reuse=True).run("render", {"n": 4}, lambda d: seen.append(sorted(os.listdir(d))) or {})
+    assert seen == [["shard-000000.npz"]] and (d / "stage.json").is_file()
+    # reuse=false starts every stage anew
+    with pytest.raises(KeyboardInterrupt):
+        Stages(tmp_path, reuse=True).run("render", {"n": 5}, interrupted)
+    seen.clear()
+    Stages(tmp_path, reuse=False).run("render", {"n": 5}, lambda d: seen.append(sorted(os.listdir(d))) or {})
+    assert seen == [[]]

@@ -110,3 +110,17 @@ def test_cli_unwritable_output_dir(tmp_path):
     res = _cli(f"output_dir={blocker / 'sub'}", "n_scenes=1", *FAST)
     assert res.returncode == 2
     assert "sim2real-render: error" in res.stderr
+
+
+def test_a_refused_rerun_leaves_the_folder_config_alone(one_worker, tmp_path):
+    """issue 12: config.yaml was written before the refusal, so it no longer matched the data."""
+    import shutil
+
+    from sim_render.dataset import DatasetError
+
+    d = tmp_path / "ds"
+    shutil.copytree(one_worker, d)
+    before = (d / "config.yaml").read_text()
+    with pytest.raises(DatasetError, match="another dataset"):
+        render_dataset(d, 4, seed=12, overrides=FAST, workers=1)
+    assert (d / "config.yaml").read_text() == before and "seed: 11" in before
