@@ -241,7 +241,7 @@ class GraspLoop:
         self.stats.steps += 1
         bad = self._bad_frame(frame)
         if bad is not None:
-            self.stats.stale_frames += "identical" in bad or "counter" in bad
+            self.stats.stale_frames += int("identical" in bad or "counter" in bad)
             self._failed(bad)
             return None
         t0 = time.perf_counter()

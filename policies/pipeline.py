@@ -6,7 +6,9 @@ Each stage writes into ``output_dir/stages/<stage>-<hash>/`` and records a
 ``stage.json`` last (its commit marker). The hash covers the stage's config and the
 hashes of its inputs, so a rerun reuses exactly the stages whose config and inputs
 match and never picks up stale results from another seed, budget or adaptation
-setting. The final outputs are ``output_dir/artifact/`` (what ``sim2real-serve``
+setting. A stage interrupted mid-way (no ``stage.json``) resumes in its folder on the rerun:
+the render stages keep their finished shards, the training stages continue from
+``checkpoints/last.ckpt``; ``reuse=false`` starts every stage anew. The final outputs are ``output_dir/artifact/`` (what ``sim2real-serve``
 loads) and ``output_dir/report.json`` / ``report.md`` with plots and image panels.
 """
 
