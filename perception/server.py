@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
@@ -233,7 +234,7 @@ def install_accept_log_filter(stats: ServerStats | None = None) -> logging.Filte
 
 # ---------------------------------------------------------------- protocol
 def _raw_response(status: int, reason: str, detail: str, retry_after: bool = False) -> bytes:
-    body = ('{"detail": "%s"}' % detail.replace('"', "'")).encode()
+    body = json.dumps({"detail": detail}).encode()
     head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json", f"content-length: {len(body)}",
             "connection: close"]
     if retry_after:
