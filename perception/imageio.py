@@ -75,29 +75,51 @@ def _png_size(data: bytes) -> tuple[int, int]:
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int]:
+def _jpeg_segments(data: bytes):
+    """Yield ``(marker, offset, length)`` for each marker after SOI, without decoding.
+
+    ``length`` is ``None`` for a standalone marker. Fill bytes are skipped, and so is a
+    scan's entropy-coded data after its SOS segment. Ends at the data's end (a segment
+    header cut off there is not yielded).
+
+    Raises:
+        ImageDecodeError: a corrupt marker structure.
+    """
     i, n = 2, len(data)
-    while i + 4 <= n:
+    while i + 2 <= n:
         if data[i] != 0xFF:
             raise ImageDecodeError("JPEG marker structure is corrupt")
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
             continue
-        if marker in (0x01,) or 0xD0 <= marker <= 0xD9:  # standalone markers
+        if marker == 0x01 or 0xD0 <= marker <= 0xD9:  # standalone markers
+            yield marker, i, None
             i += 2
             continue
+        if i + 4 > n:
+            return
         seg_len = struct.unpack(">H", data[i + 2 : i + 4])[0]
         if seg_len < 2:
             raise ImageDecodeError("JPEG segment length is corrupt")
+        yield marker, i, seg_len
+        i += 2 + seg_len
+        if marker == 0xDA:
+            m = _NEXT_MARKER.search(data, i)
+            if m is None:
+                return
+            i = m.start()
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    for marker, i, _ in _jpeg_segments(data):
         if marker in _SOF_MARKERS:
-            if i + 9 > n:
+            if i + 9 > len(data):
                 break
             h, w = struct.unpack(">HH", data[i + 5 : i + 9])
             return int(w), int(h)
         if marker == 0xDA:  # start of scan before any frame header
             break
-        i += 2 + seg_len
     raise ImageDecodeError("JPEG is truncated: no frame header found")
 
 
@@ -108,38 +130,19 @@ def jpeg_scan_count(data: bytes, limit: int = MAX_JPEG_SCANS) -> int:
         ImageDecodeError: more than ``limit`` scans or :data:`MAX_JPEG_SEGMENTS` segments,
             or a corrupt marker structure.
     """
-    i, n, scans, segments = 2, len(data), 0, 0
-    while i + 2 <= n:
-        if data[i] != 0xFF:
-            raise ImageDecodeError("JPEG marker structure is corrupt")
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
+    scans = segments = 0
+    for marker, _, _ in _jpeg_segments(data):
         if marker == 0xD9:  # end of image
             break
         segments += 1
         if segments > MAX_JPEG_SEGMENTS:
             raise ImageDecodeError(f"JPEG has more than {MAX_JPEG_SEGMENTS} marker segments; refused before decoding")
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers
-            i += 2
-            continue
-        if i + 4 > n:
-            break
-        seg_len = struct.unpack(">H", data[i + 2 : i + 4])[0]
-        if seg_len < 2:
-            raise ImageDecodeError("JPEG segment length is corrupt")
-        i += 2 + seg_len
         if marker == 0xDA:
             scans += 1
             if scans > limit:
                 raise ImageDecodeError(
                     f"JPEG has more than {limit} scans (each is a pass over the whole image); "
                     "refused before decoding: send a baseline JPEG or a PNG")
-            m = _NEXT_MARKER.search(data, i)
-            if m is None:
-                break
-            i = m.start()
     return scans
 
 
