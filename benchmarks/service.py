@@ -23,9 +23,9 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
-import socket
 import tempfile
 import threading
 import time
@@ -44,7 +44,7 @@ from perception.decode import decode_grasp  # noqa: E402
 from perception.imageio import decode_image, encode_image  # noqa: E402
 from perception.metrics import resident_memory_bytes  # noqa: E402
 from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
-from perception.testing import free_port, wait_until_healthy  # noqa: E402
+from perception.testing import free_port, scan_bomb_jpeg, wait_until_healthy  # noqa: E402
 
 START, END = "<!-- service-benchmark:start -->", "<!-- service-benchmark:end -->"
 
@@ -77,15 +77,6 @@ def status_kb(pid: int, key: str) -> int:
     return 0
 
 
-def _many_scans(rgb: np.ndarray, max_bytes: int = 8 * 2**20) -> bytes:
-    """A progressive JPEG whose last scan is repeated up to ``max_bytes`` (a scan bomb under the body limit)."""
-    prog = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR),
-                        [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
-    starts = [i for i in range(len(prog) - 1) if prog[i] == 0xFF and prog[i + 1] == 0xDA]
-    last = prog[starts[-1]:-2]
-    return prog[:-2] + last * max(1, (max_bytes - len(prog)) // len(last)) + b"\xff\xd9"
-
-
 def _head(port: int, length: int) -> bytes:
     return (f"POST /v1/grasp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: image/png\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()
@@ -105,17 +96,22 @@ def measure_loads(url: str, port: int, frames: list[bytes], bomb: bytes, n: int)
         for c in held:
             c.close()
 
-    def slow_clients(stop):
+    def hold(stop, payloads: list[bytes], period_s: float):
+        """Connections that send ``payloads`` and then nothing, renewed every ``period_s``."""
         while not stop.is_set():
             socks = []
-            for k in range(8):
+            for data in payloads:
                 with contextlib.suppress(OSError):
                     c = socket.create_connection(("127.0.0.1", port), timeout=5)
-                    c.sendall(_head(port, 500_000)[: 20 + 10 * k] if k % 2 else _head(port, 500_000) + b"\x89P")
+                    c.sendall(data)
                     socks.append(c)
-            stop.wait(3.0)
+            stop.wait(period_s)
             for c in socks:
                 c.close()
+
+    def slow_clients(stop):  # half trickle their headers, half hold a body after 2 bytes
+        head = _head(port, 500_000)
+        hold(stop, [head[: 20 + 10 * k] if k % 2 else head + b"\x89P" for k in range(8)], 3.0)
 
     def scan_bombs(stop):
         with httpx.Client(timeout=30) as c:
@@ -124,16 +120,7 @@ def measure_loads(url: str, port: int, frames: list[bytes], bomb: bytes, n: int)
                     c.post(url + "/v1/grasp", content=bomb, headers={"Content-Type": "image/jpeg"})
 
     def full_queue(stop):
-        while not stop.is_set():
-            socks = []
-            for _ in range(12):
-                with contextlib.suppress(OSError):
-                    c = socket.create_connection(("127.0.0.1", port), timeout=5)
-                    c.sendall(_head(port, len(frames[0])) + frames[0][:1000])
-                    socks.append(c)
-            stop.wait(2.0)
-            for c in socks:
-                c.close()
+        hold(stop, [_head(port, len(frames[0])) + frames[0][:1000]] * 12, 2.0)
 
     loads = {"idle": None, "150 idle connections": idle_connections, "slow clients (trickled headers, held bodies)":
              slow_clients, "scan bombs (8 MB JPEGs of one scan repeated, back to back)": scan_bombs,
@@ -255,7 +242,7 @@ def run(args: argparse.Namespace) -> dict:
                         server_ms[fmt].append(r.json()["latency_ms"])
         rss = resident_memory_bytes(proc.pid)
         hwm_kb = status_kb(proc.pid, "VmHWM")
-        loads = (measure_loads(url, port, frames["png"], _many_scans(camera_like_frame(calib)), args.n // 2)
+        loads = (measure_loads(url, port, frames["png"], scan_bomb_jpeg(camera_like_frame(calib), max_bytes=8 * 2**20), args.n // 2)
                  if args.loads else None)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -19,7 +19,7 @@ from perception.geometry import make_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 
-__all__ = ["make_test_artifact", "make_test_frame", "free_port", "wait_until_healthy"]
+__all__ = ["make_test_artifact", "make_test_frame", "scan_bomb_jpeg", "send_json", "free_port", "wait_until_healthy"]
 
 
 def make_test_artifact(
@@ -180,6 +180,29 @@ def make_test_frame(
         cv2.circle(img, (int(round(uv[0])), int(round(uv[1]))), spot_radius_px, (255, 255, 255), -1)
     return img
 
+
+
+def scan_bomb_jpeg(rgb: np.ndarray, scans: int | None = None, max_bytes: int | None = None) -> bytes:
+    """A progressive JPEG of ``rgb`` whose last scan is repeated: ``scans`` scans in all, or
+    as many as fit in ``max_bytes`` (a legal file that costs a pass over the image per scan)."""
+    import cv2
+
+    prog = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR),
+                        [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    starts = [i for i in range(len(prog) - 1) if prog[i] == 0xFF and prog[i + 1] == 0xDA]
+    last = prog[starts[-1]:-2]
+    repeats = scans - len(starts) if scans is not None else max(1, (int(max_bytes) - len(prog)) // len(last))
+    return prog[:-2] + last * repeats + b"\xff\xd9"
+
+
+def send_json(handler, obj) -> None:
+    """Answer ``200`` with ``obj`` as JSON from an ``http.server`` handler (test controllers)."""
+    body = json.dumps(obj).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ from perception.robots import (
     RobotError,
     make_robot,
 )
-from perception.testing import make_test_frame
+from perception.testing import make_test_frame, send_json
 
 
 @pytest.fixture
@@ -69,12 +69,7 @@ class _Controller(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server API
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).received.append((body, self.headers.get("Authorization")))
-        ans = json.dumps({"id": body["id"], "success": body["id"] % 2 == 1}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(ans)))
-        self.end_headers()
-        self.wfile.write(ans)
+        send_json(self, {"id": body["id"], "success": body["id"] % 2 == 1})
 
     def log_message(self, *args):
         pass

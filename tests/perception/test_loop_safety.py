@@ -14,7 +14,7 @@ import pytest
 from perception.imageio import write_image
 from perception.loop import EXIT_STOPPED_FOR_SAFETY, load_attempts
 from perception.loop import main as loop_main
-from perception.testing import make_test_frame
+from perception.testing import make_test_frame, send_json
 
 
 class SlowController(BaseHTTPRequestHandler):
@@ -36,23 +36,13 @@ class SlowController(BaseHTTPRequestHandler):
         time.sleep(cls.motion_s)
         with cls.lock:
             cls.moving -= 1
-        body = json.dumps({"success": False}).encode()
         try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, {"success": False})
         except OSError:  # the loop gave up waiting: the motion ran anyway
             pass
 
     def do_GET(self):  # noqa: N802
-        body = json.dumps({"idle": type(self).moving == 0}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, {"idle": type(self).moving == 0})
 
     def log_message(self, *args):
         pass

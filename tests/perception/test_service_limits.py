@@ -19,14 +19,12 @@ import threading
 import time
 from pathlib import Path
 
-import cv2
 import httpx
-import numpy as np
 import pytest
 
-from perception.imageio import encode_image, jpeg_scan_count
+from perception.imageio import jpeg_scan_count
 from perception.server import AcceptLogFilter, ServerLimits, ServerStats
-from perception.testing import free_port, make_test_frame, wait_until_healthy
+from perception.testing import free_port, scan_bomb_jpeg, wait_until_healthy
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -65,15 +63,6 @@ def _read_status(s: socket.socket, timeout: float) -> int | None:
     if not data.startswith(b"HTTP/1.1 "):
         return None
     return int(data.split(b" ", 2)[1])
-
-
-def _many_scans(frame: np.ndarray, scans: int) -> bytes:
-    """A progressive JPEG of ``frame`` with its last scan repeated up to ``scans`` scans."""
-    prog = cv2.imencode(".jpg", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR),
-                        [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
-    starts = [i for i in range(len(prog) - 1) if prog[i] == 0xFF and prog[i + 1] == 0xDA]
-    last = prog[starts[-1]:-2]
-    return prog[:-2] + last * (scans - len(starts)) + b"\xff\xd9"
 
 
 @pytest.fixture()
@@ -182,12 +171,12 @@ def test_a_full_queue_answers_503_before_reading(limited, png_bytes):
 
 
 def test_jpeg_scans_are_counted_before_decoding(limited, frame):
-    bomb = _many_scans(frame, 200)
-    assert jpeg_scan_count(_many_scans(frame, 20)) == 20
+    bomb = scan_bomb_jpeg(frame, 200)
+    assert jpeg_scan_count(scan_bomb_jpeg(frame, 20)) == 20
     t0 = time.monotonic()
     r = _grasp(limited.url, bomb, "image/jpeg")
     assert r.status_code == 400 and "scans" in r.json()["detail"] and time.monotonic() - t0 < 1.0
-    r = _grasp(limited.url, _many_scans(frame, 20), "image/jpeg")  # a progressive frame within the limit
+    r = _grasp(limited.url, scan_bomb_jpeg(frame, 20), "image/jpeg")  # a progressive frame within the limit
     assert r.status_code == 200
 
 
@@ -285,7 +274,7 @@ def test_frames_are_answered_under_abuse_with_128_open_files(artifact_dir, frame
     stop = threading.Event()
     statuses: list[int] = []
     bomb_statuses: list[int] = []
-    bomb = _many_scans(frame, 150)  # 7.6 MB: under the body limit, so the scans are what refuses it
+    bomb = scan_bomb_jpeg(frame, 150)  # 7.6 MB: under the body limit, so the scans are what refuses it
     try:
         wait_until_healthy(url, proc, timeout=60)
 
