@@ -477,6 +477,8 @@ class PolicyRunner:
         providers: onnxruntime execution providers (``None``: :func:`default_providers`).
         allow_spinning: let idle onnxruntime threads busy-wait (a little lower latency,
             but they burn CPU the robot computer may need elsewhere).
+        meta: ``artifact_dir``'s metadata when the caller has already loaded it
+            (:func:`load_metadata` reads and hashes the ONNX files: once is enough).
 
     ``infer`` may be called from several threads at once: onnxruntime sessions are
     thread-safe for ``run`` and preprocessing keeps no mutable state.
@@ -489,10 +491,11 @@ class PolicyRunner:
         intra_op_num_threads: int | None = None,
         providers: list[str] | None = None,
         allow_spinning: bool = False,
+        meta: ArtifactMetadata | None = None,
     ) -> None:
         import onnxruntime as ort
 
-        self.meta = load_metadata(artifact_dir)
+        self.meta = meta if meta is not None else load_metadata(artifact_dir)
         if calibration is None:
             calib = self.meta.calibration
         elif isinstance(calibration, Calibration):

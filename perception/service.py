@@ -137,7 +137,7 @@ class GraspService:
     def load(self) -> None:
         """Create the onnxruntime session (the slow part)."""
         try:
-            self.runner = PolicyRunner(self.artifact_dir, self.calib, intra_op_num_threads=self.threads)
+            self.runner = PolicyRunner(self.artifact_dir, self.calib, intra_op_num_threads=self.threads, meta=self.meta)
         except Exception as exc:
             self.load_error = str(exc)
             raise
