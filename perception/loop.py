@@ -239,9 +239,9 @@ class GraspLoop:
             self._failed(str(exc))
             return None
         self.stats.steps += 1
-        bad = self._bad_frame(frame)
+        bad, stale = self._bad_frame(frame)
         if bad is not None:
-            self.stats.stale_frames += int("identical" in bad or "counter" in bad)
+            self.stats.stale_frames += int(stale)
             self._failed(bad)
             return None
         t0 = time.perf_counter()
@@ -320,20 +320,21 @@ class GraspLoop:
                  g.quality, "error" if outcome is None else outcome.success)
         return entry
 
-    def _bad_frame(self, frame: Frame) -> str | None:
-        """Why a frame must not be used (its size, a frozen camera), or ``None``."""
+    def _bad_frame(self, frame: Frame) -> tuple[str | None, bool]:
+        """Why a frame must not be used (its size, a frozen camera) and whether it is stale; ``(None, False)``: usable."""
         W, H = self.calib.image_size
         img = frame.image
         if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.shape == (H, W, 3)):
             shape = getattr(img, "shape", None)
-            return f"frame {frame.index} is {shape} {getattr(img, 'dtype', '')}; the calibration wants ({H}, {W}, 3) uint8"
+            return (f"frame {frame.index} is {shape} {getattr(img, 'dtype', '')}; the calibration wants "
+                    f"({H}, {W}, 3) uint8"), False
         prev, self._previous = self._previous, frame
         if prev is not None and frame.index <= prev.index and frame.source == prev.source:
-            return f"frame {frame.index}: the camera's frame counter did not advance (previous {prev.index})"
+            return f"frame {frame.index}: the camera's frame counter did not advance (previous {prev.index})", True
         if prev is not None and np.array_equal(img, prev.image):
             return (f"frame {frame.index} is pixel-identical to the previous frame: a frozen camera "
-                    "(a real sensor never repeats its noise)")
-        return None
+                    "(a real sensor never repeats its noise)"), True
+        return None, False
 
     def _failed(self, reason: str) -> None:
         self.stats.failed_steps += 1
