@@ -74,14 +74,14 @@ def main() -> int:
             r = evaluate(policy, domain(args.family, only), cal, args.episodes, args.seed, keep_episodes=False)
             rows[(name, key)] = (int(r["successes"]), int(r["attempts"]))
             print(f"{name:9s} {key:14s} {r['successes']}/{r['attempts']}", file=sys.stderr, flush=True)
-    print(f"| artifact | domain | success / attempts [Wilson 95%] |\n|---|---|---|")
+    print("| artifact | domain | success / attempts [Wilson 95%] |\n|---|---|---|")
     for (name, key), (s, n) in rows.items():
         lo, hi = wilson_interval(s, n)
         print(f"| {name} | {key} | {s}/{n} = {100 * s / max(n, 1):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] |")
     only, others = f"only {args.family}", "the others"
     for label, a, b in ((f"held out: {only} minus the others", ("held out", only), ("held out", others)),
                         (f"{only}: held out minus reference", ("held out", only), ("reference", only)),
-                        (f"the others: held out minus reference", ("held out", others), ("reference", others))):
+                        ("the others: held out minus reference", ("held out", others), ("reference", others))):
         d, lo, hi = newcombe(*rows[a], *rows[b])
         print(f"- {label}: {d:+.1f} points [{lo:+.1f}, {hi:+.1f}]")
     if args.json:

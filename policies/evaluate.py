@@ -762,10 +762,10 @@ def run_eval(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="eval", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from perception.artifact import ArtifactError
     from perception.calibration import CalibrationError
-
-    from hydra.core.hydra_config import HydraConfig
 
     logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING)
     if not cfg.artifact:
