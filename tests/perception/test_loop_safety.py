@@ -70,6 +70,7 @@ def _loop(artifact_dir, camera_dir, out, *args):
                       "settle_s=0", "threads=1", "repeats.memory=0", *args])
 
 
+@pytest.mark.slow  # real 1.2 s motions, four of them
 def test_a_slow_robot_is_never_sent_a_second_grasp(tmp_path, artifact_dir, frames_dir, controller, capsys):
     # The controller takes 1.2 s, the loop waits 0.3 s: it may still be moving.
     rc = _loop(artifact_dir, frames_dir, tmp_path / "a", f"robot={controller}/grasp", "robot_timeout=0.3",

@@ -138,6 +138,7 @@ def test_eval_cli_on_the_pipeline_artifact(tiny_run, tmp_path):
     assert r["attempts"] >= 0 and 0 <= r["successes"] <= r["attempts"]
 
 
+@pytest.mark.slow  # about a minute (the consistency stage trains): the fast tier must stay under 10 minutes
 def test_rerun_reuses_every_stage_and_task_consistency_builds_on_them(tiny_run):
     """The same command again reuses every stage; with task consistency on, only the new
     stage (and what depends on it) runs, and the artifact comes from it."""
