@@ -9,8 +9,10 @@ the API (a page served from here: a robot network has no internet).
 Limits (``perception.server.ServerLimits``, ``conf/serve.yaml`` ``limits:``): a bearer token
 is checked before a body is read and guards everything but ``/healthz`` and the docs;
 a body must arrive within ``body_timeout_s`` (``408``); ``/v1/grasp`` requests beyond
-``max_concurrency + max_queue`` get ``503`` with ``Retry-After`` before their body is read,
-so memory stays under idle + (``max_concurrency + max_queue``) x the body limit; a JPEG
+``max_concurrency + max_queue`` places get ``503`` with ``Retry-After`` before their body is
+read, so memory stays under idle + (``max_concurrency + max_queue``) x the body limit; a
+request that finds every place taken takes the place of the slowest body still arriving
+(that one gets ``503``), so slow uploads cannot keep frames out; a JPEG
 with more than ``max_jpeg_scans`` scans is ``400`` before decoding; at shutdown what waits
 gets ``503`` and what runs gets its answer.
 
@@ -193,21 +195,57 @@ def _error(status: int, detail: str, headers: dict | None = None, close: bool = 
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+class _Ticket:
+    """One admitted /v1/grasp request: its body's progress and a scope to evict it by."""
+
+    __slots__ = ("t0", "received", "uploading", "scope", "evicted")
+
+    def __init__(self) -> None:
+        self.t0, self.received, self.uploading = time.monotonic(), 0, True
+        self.scope, self.evicted = anyio.CancelScope(), False
+
+    def rate(self, now: float) -> float:
+        return self.received / max(now - self.t0, 1e-3)
+
+
 class _Gate:
-    """Counts /v1/grasp requests from admission (before the body) to the answer."""
+    """The /v1/grasp places, from admission (before the body) to the answer.
+
+    ``capacity`` places (``max_concurrency + max_queue``) bound the bodies held in memory.
+    When every place is taken, a new request takes the place of the slowest upload still
+    in progress (lowest bytes per second since admission), which is answered ``503``:
+    clients that trickle or never finish their bodies cannot keep a frame out for their
+    ``body_timeout_s``. Only places whose bodies have all arrived, waiting for or in an
+    inference, are a full queue (``503`` with ``Retry-After`` to the newcomer).
+    Everything runs on the event loop's thread: no lock.
+    """
 
     def __init__(self, capacity: int) -> None:
-        self.capacity, self.admitted, self.refused = int(capacity), 0, 0
+        self.capacity, self.refused, self.evicted = int(capacity), 0, 0
+        self.tickets: set[_Ticket] = set()
 
-    def try_admit(self) -> bool:
-        if self.admitted >= self.capacity:
-            self.refused += 1
-            return False
-        self.admitted += 1
-        return True
+    @property
+    def admitted(self) -> int:
+        return len(self.tickets)
 
-    def release(self) -> None:
-        self.admitted -= 1
+    def admit(self) -> _Ticket | None:
+        if len(self.tickets) >= self.capacity:
+            now = time.monotonic()
+            uploading = [t for t in self.tickets if t.uploading]
+            if not uploading:
+                self.refused += 1
+                return None
+            slowest = min(uploading, key=lambda t: (t.rate(now), t.t0))
+            slowest.evicted = True
+            slowest.scope.cancel()
+            self.tickets.discard(slowest)
+            self.evicted += 1
+        ticket = _Ticket()
+        self.tickets.add(ticket)
+        return ticket
+
+    def release(self, ticket: _Ticket) -> None:
+        self.tickets.discard(ticket)
 
 
 class _MetricsMiddleware:
@@ -237,13 +275,18 @@ class _MetricsMiddleware:
             self.latency.observe(time.perf_counter() - t0, label)
 
 
-async def _read_body(request: Request, limit: int) -> tuple[bytes | None, int]:
-    """Read at most ``limit`` bytes; returns ``(None, n)`` when the body is larger."""
+async def _read_body(request: Request, limit: int, ticket: _Ticket | None = None) -> tuple[bytes | None, int]:
+    """Read at most ``limit`` bytes; returns ``(None, n)`` when the body is larger.
+
+    ``ticket.received`` follows the bytes as they arrive (the gate evicts the slowest).
+    """
     chunks: list[bytes] = []
     size = 0
     over = False
     async for chunk in request.stream():
         size += len(chunk)
+        if ticket is not None:
+            ticket.received = size
         if over:
             if size > DRAIN_LIMIT_BYTES:
                 break
@@ -326,6 +369,8 @@ def create_app(
                        fn=lambda: float(gate.admitted)))
     registry.add(Gauge("sim2real_grasp_requests_refused_queue_full", "/v1/grasp requests answered 503: queue full (total)",
                        fn=lambda: float(gate.refused)))
+    registry.add(Gauge("sim2real_grasp_uploads_evicted", "/v1/grasp bodies answered 503: slowest upload when a new "
+                       "request found the queue full (total)", fn=lambda: float(gate.evicted)))
     registry.add(Gauge("sim2real_open_connections", "open HTTP connections", fn=lambda: float(stats.open_connections)))
     registry.add(Gauge("sim2real_connections_refused", "connections over limits.max_connections, answered 503 (total)",
                        fn=lambda: float(stats.refused_connections)))
@@ -438,15 +483,20 @@ def create_app(
             return _error(503, "the model is not loaded yet", {"Retry-After": "1"})
         if stopper.stopping.is_set():
             return _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
-        if not gate.try_admit():
+        if (ticket := gate.admit()) is None:
             return _error(503, f"{gate.capacity} requests are already queued or running; retry shortly",
                           {"Retry-After": "1"})
         try:
-            with stopper.waiting() as stop_scope, anyio.move_on_after(limits.body_timeout_s) as body_scope:
+            with ticket.scope, stopper.waiting() as stop_scope, \
+                    anyio.move_on_after(limits.body_timeout_s) as body_scope:
                 try:
-                    body, size = await _read_body(request, max_body_bytes)
+                    body, size = await _read_body(request, max_body_bytes, ticket)
                 except ClientDisconnect:
                     return _error(400, "client disconnected before sending the whole body")
+            ticket.uploading = False
+            if ticket.evicted:
+                return _error(503, "the queue is full and this body was the slowest to arrive; retry shortly",
+                              {"Retry-After": "1"}, close=True)
             if stop_scope.cancelled_caught:
                 return _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
             if body_scope.cancelled_caught:
@@ -468,7 +518,7 @@ def create_app(
             if result is None:  # shutdown cancelled the wait for an inference slot
                 return _error(503, "the service is shutting down", {"Retry-After": "1"})
         finally:
-            gate.release()
+            gate.release(ticket)
         dec = result.decoded
         grasps.inc("grasp" if dec.grasp is not None else "none")
         answer = dec.to_dict()
