@@ -308,6 +308,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from perception.cli import hydra_command_checks
+
+    hydra_command_checks("adapt", "sim2real-adapt", __doc__ or "", sys.argv[1:])
     _hydra_main()
 
 

@@ -275,51 +275,32 @@ class Translator:
 
 
 # --------------------------------------------------------------------------- CLI
-_USAGE = """usage: sim2real-translate generator=PATH input=PATH output_dir=DIR [calibration=FILE]
-                          [raw=true|false] [device=cpu] [batch_size=32]
+def run(args) -> dict[str, Any]:
+    """The CLI's work: translate every frame of ``args['input']`` into ``args['output_dir']``.
 
-  generator   a sim2real-adapt output_dir, a generator.pt or a .ckpt
-  input       a render dataset folder (frames are preprocessed into the generator's view), or a
-              folder of *.png / *.jpg frames: raw camera frames (raw=true, the default, preprocessed
-              with the calibration) or frames already in the network view (raw=false)
-  output_dir  where adapted_NNNNN.png frames (network view, RGB) and translate.json go
-"""
-
-
-def _parse(argv: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for a in argv:
-        if a in ("-h", "--help"):
-            print(_USAGE)
-            sys.exit(0)
-        if "=" not in a:
-            raise ValueError(f"argument {a!r} is not key=value\n{_USAGE}")
-        k, v = a.split("=", 1)
-        out[k.lstrip("-").strip()] = v
-    unknown = set(out) - {"generator", "input", "output_dir", "calibration", "raw", "device", "batch_size"}
-    if unknown:
-        raise ValueError(f"unknown arguments {sorted(unknown)}\n{_USAGE}")
-    for k in ("generator", "input", "output_dir"):
-        if k not in out:
-            raise ValueError(f"{k}= is required\n{_USAGE}")
-    return out
-
-
-def run(args: dict[str, str]) -> dict[str, Any]:
-    """The CLI's work: translate every frame of ``args['input']`` into ``args['output_dir']``."""
+    ``args``: ``conf/translate.yaml``'s keys (a mapping).
+    """
     from adaptation.images import IMAGE_SUFFIXES, read_rgb
     from perception.atomic import atomic_write_text
     from perception.calibration import Calibration, default_calibration_path
+    from perception.cli import config_number
     from perception.preprocess import preprocess
 
-    device = args.get("device", "cpu")
+    for key in ("generator", "input", "output_dir"):
+        if not args.get(key):
+            raise ValueError(f"{key}= is required; see sim2real-translate --help")
+    device = str(args.get("device") or "auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    bs = config_number(args, "batch_size", int, lo=1)
+    raw = args.get("raw", True)
+    if not isinstance(raw, bool):
+        raise ValueError(f"raw must be true or false, got {raw!r}")
     gen = load_generator(args["generator"], device)
     size = _trained_size(gen)
     inp = Path(args["input"])
     out = Path(args["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    bs = int(args.get("batch_size", 32))
-    raw = str(args.get("raw", "true")).lower() in ("1", "true", "yes")
     calib = Calibration.load(args.get("calibration") or default_calibration_path())
     frames: list[np.ndarray] = []
     if (inp / "manifest.json").is_file():
@@ -357,9 +338,12 @@ def run(args: dict[str, str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from adaptation.images import RealFramesError
+    from perception.cli import compose_config
 
+    prog = "sim2real-translate"
+    cfg = compose_config("translate", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")
     try:
-        info = run(_parse(sys.argv[1:] if argv is None else argv))
+        info = run(cfg)
     except (GeneratorError, RealFramesError, ValueError, OSError) as exc:
         print(f"sim2real-translate: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -12,7 +12,7 @@ import logging
 import sys
 from importlib import resources
 
-__all__ = ["CliError", "compose_config", "config_number", "setup_logging"]
+__all__ = ["CliError", "check_override_types", "compose_config", "config_groups", "config_number", "exit_on_help", "help_text", "hydra_command_checks", "setup_logging"]
 
 
 class CliError(SystemExit):
@@ -25,6 +25,132 @@ class CliError(SystemExit):
 
 def _config_text(name: str) -> str:
     return (resources.files("conf") / f"{name}.yaml").read_text()
+
+
+def _defaults(path) -> list:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create(path.read_text())
+    return list(OmegaConf.to_container(node).get("defaults", []) or [])
+
+
+def config_groups(name: str) -> dict[str, tuple[str, list[str]]]:
+    """The config groups ``conf/<name>.yaml`` composes: ``{group: (default, [options])}``.
+
+    Read from its defaults list (and, below a group, from the chosen option's), so that a
+    command's ``--help`` lists what applies to it, not every folder under ``conf/``.
+    """
+    root = resources.files("conf")
+    found: dict[str, tuple[str, list[str]]] = {}
+
+    def walk(file, prefix: str) -> None:
+        for entry in _defaults(file):
+            if not isinstance(entry, dict):
+                continue  # _self_
+            for key, choice in entry.items():
+                key = str(key)
+                if key.startswith(("override ", "hydra/", "/hydra")) or key == "hydra":
+                    continue
+                group = key if key.startswith("/") or not prefix else f"{prefix}/{key}"
+                group = group.lstrip("/").split("@")[0]
+                folder = root / group
+                options = sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml")) \
+                    if folder.is_dir() else []
+                found[group] = ("null" if choice is None else str(choice), options)
+                if choice is not None and (folder / f"{choice}.yaml").is_file():
+                    walk(folder / f"{choice}.yaml", group)
+
+    walk(root / f"{name}.yaml", "")
+    return found
+
+
+def help_text(name: str, prog: str, doc: str = "") -> str:
+    """``--help``: the command's docstring, its config groups with their options, its config with comments."""
+    lines = [doc.strip(), ""] if doc else []
+    groups = config_groups(name)
+    if groups:
+        lines.append(f"Config groups (select with group=option, e.g. {prog} {next(iter(groups))}=...):")
+        for group, (choice, options) in groups.items():
+            lines.append(f"  {group}: {' | '.join(options) or '(none)'}   [default: {choice}]")
+        lines.append("")
+    lines += [f"Config (conf/{name}.yaml), override with key=value:", "", _config_text(name)]
+    return "\n".join(lines)
+
+
+def _type_error(key: str, default, value) -> str | None:
+    """Why ``value`` cannot stand where the config's default is ``default`` (``None``: it can)."""
+    if value is None or default is None or isinstance(default, str):
+        return None
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"{key} must be true or false, got {value!r}"
+    if isinstance(default, (int, float)):
+        # An int default does not make the key whole-numbered (``max_time_s: 600`` takes 90.5):
+        # the commands that need a whole number check that themselves.
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else f"{key} must be a number, got {value!r}"
+    return None
+
+
+def check_override_types(name: str, argv: list[str], prog: str) -> None:
+    """Refuse ``key=value`` overrides whose value has another type than the key's default.
+
+    ``seed=abc`` would otherwise end deep inside a command with a bare ``int()`` error that
+    does not name the key. The defaults are ``conf/<name>.yaml`` composed with the command
+    line's group selections (``budget=small`` changes them). Sweeps (``a=1,2``) and what
+    Hydra itself will refuse (unknown keys, bad syntax) are left to Hydra.
+
+    Raises:
+        CliError: exit 2, the message naming the key, the value and the type it needs.
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    args = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except Exception:
+        return  # Hydra reports the syntax error itself
+    groups = set(config_groups(name))
+    is_group = [o.key_or_group.lstrip("+~").split("@")[0] in groups or o.key_or_group.startswith("hydra")
+                for o in overrides]
+    group_args = [a for a, g in zip(args, is_group) if g]
+    was_initialized = GlobalHydra.instance().is_initialized()
+    try:
+        if was_initialized:  # inside @hydra.main: its config search path is set up
+            defaults = compose(config_name=name, overrides=group_args)
+        else:
+            with initialize_config_module(config_module="conf", version_base="1.3"):
+                defaults = compose(config_name=name, overrides=group_args)
+    except Exception:
+        return
+    finally:
+        if not was_initialized:
+            GlobalHydra.instance().clear()
+    for o, g in zip(overrides, is_group):
+        if g or o.is_delete() or o.is_sweep_override() or o.key_or_group.startswith("hydra."):
+            continue
+        default = OmegaConf.select(defaults, o.key_or_group, default=None, throw_on_resolution_failure=False)
+        message = _type_error(o.key_or_group, default, o.value())
+        if message:
+            raise CliError(prog, message)
+
+
+def exit_on_help(name: str, prog: str, doc: str, argv: list[str]) -> None:
+    """``--help`` for a ``@hydra.main`` command: :func:`help_text` instead of Hydra's page,
+    which lists every folder under ``conf/`` as a group of every command."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text(name, prog, doc))
+        print("Hydra's own options: --hydra-help, --cfg job (the composed config), "
+              "-m/--multirun (sweeps; hydra/launcher=submitit_local|submitit_slurm, docs/scaling.md)")
+        raise SystemExit(0)
+
+
+def hydra_command_checks(name: str, prog: str, doc: str, argv: list[str]) -> None:
+    """What a ``@hydra.main`` command's ``main()`` runs before Hydra: ``--help``, value types."""
+    exit_on_help(name, prog, doc, argv)
+    check_override_types(name, argv, prog)
 
 
 def compose_config(name: str, argv: list[str], prog: str, doc: str = ""):
@@ -41,14 +167,14 @@ def compose_config(name: str, argv: list[str], prog: str, doc: str = ""):
     from omegaconf import OmegaConf
 
     if any(a in ("-h", "--help") for a in argv):
-        print((doc.strip() + "\n\n" if doc else "") + f"Config (conf/{name}.yaml), override with key=value:\n")
-        print(_config_text(name))
+        print(help_text(name, prog, doc))
         raise SystemExit(0)
     show = "--cfg" in argv
     argv = [a for a in argv if a != "--cfg"]
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise CliError(prog, f"arguments must be Hydra overrides key=value, got {bad}; see {prog} --help")
+    check_override_types(name, argv, prog)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="conf", version_base="1.3"):

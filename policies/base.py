@@ -262,7 +262,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from perception.cli import hydra_command_checks
     from perception.cliutil import check_writable_dir_args
 
+    hydra_command_checks("base", "sim2real-train-base", __doc__ or "", sys.argv[1:])
     check_writable_dir_args("sim2real-train-base", sys.argv[1:])
     _hydra_main()

@@ -767,7 +767,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     from perception.artifact import ArtifactError
     from perception.calibration import CalibrationError
 
-    logging.basicConfig(level=logging.INFO if cfg.verbose else logging.WARNING)
+    # Hydra has configured the root logger already (basicConfig would do nothing): set its level.
+    logging.getLogger().setLevel(logging.INFO if cfg.verbose else logging.WARNING)
     if not cfg.artifact:
         # A bare command would run the reference policies for a minute and write ./eval.json.
         given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
@@ -783,4 +784,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from perception.cli import hydra_command_checks
+
+    hydra_command_checks("eval", "sim2real-eval", __doc__ or "", sys.argv[1:])
     _hydra_main()

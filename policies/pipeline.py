@@ -350,5 +350,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from perception.cli import hydra_command_checks
+
+    hydra_command_checks("pipeline", "sim2real-pipeline", __doc__ or "", sys.argv[1:])
     check_writable_dir_args("sim2real-pipeline", sys.argv[1:])
     _hydra_main()

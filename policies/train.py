@@ -322,4 +322,7 @@ def main() -> None:
     if arg_value(sys.argv[1:], "resume") is not None or arg_value(sys.argv[1:], "+resume") is not None:
         fail("sim2real-train-policy", "resume= is now ckpt_path=, as in sim2real-adapt: ckpt_path=last (this "
              "output_dir's checkpoints/last.ckpt) or ckpt_path=FILE.ckpt")
+    from perception.cli import hydra_command_checks
+
+    hydra_command_checks("train_policy", "sim2real-train-policy", __doc__ or "", sys.argv[1:])
     _hydra_main()

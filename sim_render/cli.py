@@ -133,6 +133,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from perception.cli import hydra_command_checks
+
     sys.argv = [sys.argv[0], *_alias_profile(sys.argv[1:])]
+    hydra_command_checks("render", "sim2real-render", __doc__ or "", sys.argv[1:])
     check_writable_dir_args("sim2real-render", sys.argv[1:])
     _hydra_main()

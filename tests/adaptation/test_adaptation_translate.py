@@ -114,3 +114,15 @@ def test_translator_leaves_the_callers_threads_alone(gen_dir):
     assert torch.get_num_threads() == 2
     Translator(gen_dir, num_threads=1)(_frames())
     assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("args, key", [([], "generator"), (["batch_size=abc"], "batch_size"),
+                                       (["raw=maybe"], "raw")])
+def test_cli_bad_arguments_name_their_key(gen_dir, adapt_dirs, tmp_path, capsys, args, key):
+    _, real = adapt_dirs
+    base = [f"generator={gen_dir}", f"input={real}", f"output_dir={tmp_path / 'out'}"]
+    base = [a for a in base if not a.startswith(key + "=")]
+    with pytest.raises(SystemExit) as exc:
+        main(base + args)
+    assert exc.value.code == 2 and key in capsys.readouterr().err
+    assert not (tmp_path / "out" / "translate.json").exists()

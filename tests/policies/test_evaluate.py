@@ -184,3 +184,23 @@ def test_eval_cli_refuses_a_missing_artifact(tmp_path):
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and "artifact=DIR" in proc.stderr and "brackets=" in proc.stderr
     assert not (tmp_path / "eval.json").exists()
+
+
+def test_eval_cli_verbose_switches_the_episode_log_and_bad_values_name_their_key(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "sim2real-eval"
+    base = [str(exe), "brackets=[random]", "n_episodes=1", "empty_bin_frames=0", f"output={tmp_path / 'e.json'}"]
+    logs = {}
+    for verbose in ("false", "true"):  # Hydra configures logging: verbose=false was ignored under it
+        proc = subprocess.run(base + [f"verbose={verbose}"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        logs[verbose] = proc.stdout + proc.stderr
+    assert "episode 0" not in logs["false"] and "episode 0" in logs["true"]
+    for arg, key in (("seed=abc", "seed"), ("n_episodes=many", "n_episodes"), ("verbose=3", "verbose")):
+        proc = subprocess.run(base + [arg], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and f"{key} must be" in proc.stderr, (arg, proc.stderr)
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "n_episodes" in proc.stdout and "sweeps:" not in proc.stdout
