@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Per-test timeout of the slow tier, seconds.
 SLOW_TIMEOUT ?= 900
 
-.PHONY: install run test test-slow lint bench clean
+.PHONY: install install-robot run test test-slow lint bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH, or run: make PYTHON=/path/to/python3.11"; exit 2; }
@@ -17,6 +17,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+## The robot side alone, in its own venv: no torch, no PyBullet (docs/perception.md).
+ROBOT_VENV ?= robot-venv
+install-robot:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH, or run: make PYTHON=/path/to/python3.11"; exit 2; }
+	$(PYTHON) -m venv $(ROBOT_VENV)
+	$(ROBOT_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-robot.txt
+	$(ROBOT_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps .
+	$(ROBOT_VENV)/bin/python -c "import importlib.util as u, perception.service; assert u.find_spec('torch') is None, 'torch got in'"
+	@echo "robot side installed in $(ROBOT_VENV): $(ROBOT_VENV)/bin/sim2real-serve artifact=DIR calibration=FILE"
 
 ## The main job: the whole pipeline on its built-in defaults (budget=tiny).
 run: install

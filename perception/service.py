@@ -37,6 +37,8 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import ProcessCollector
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
@@ -47,8 +49,6 @@ from perception.artifact import ArtifactError, PolicyRunner, check_calibration, 
 from perception.calibration import Calibration, CalibrationError
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
 from perception.imageio import ImageDecodeError, decode_image, encode_image
-from perception.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from perception.metrics import Counter, Gauge, Histogram, Registry, resident_memory_bytes
 from perception.overlay import draw_decoded
 from perception.preprocess import PreprocessError
 from perception.repeats import RepeatGuard
@@ -63,6 +63,8 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 #: read its 413 instead of a connection reset; past this the connection is dropped.
 DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 ACCEPTED_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg"}
+#: Seconds: the request-latency histograms' buckets (a frame takes 20-60 ms on 2 cores).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 KNOWN_PATHS = {"/healthz", "/v1/grasp", "/v1/info", "/metrics", "/docs", "/openapi.json"}
 
 
@@ -271,8 +273,8 @@ class _MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            self.requests.inc(label, str(status["code"]))
-            self.latency.observe(time.perf_counter() - t0, label)
+            self.requests.labels(label, str(status["code"])).inc()
+            self.latency.labels(label).observe(time.perf_counter() - t0)
 
 
 async def _read_body(request: Request, limit: int, ticket: _Ticket | None = None) -> tuple[bytes | None, int]:
@@ -355,30 +357,39 @@ def create_app(
     gate = _Gate(int(max_concurrency) + int(limits.max_queue))
     stopper, stats = Stopper(), ServerStats()
 
-    registry = Registry()
-    requests = registry.add(Counter("sim2real_http_requests_total", "HTTP responses by path and status", ("path", "status")))
-    latency = registry.add(Histogram("sim2real_http_request_duration_seconds", "HTTP request latency", ("path",)))
-    infer_hist = registry.add(Histogram("sim2real_inference_duration_seconds", "decode + preprocess + forward + grasp decode"))
-    grasps = registry.add(Counter("sim2real_grasp_answers_total", "200 answers by result", ("result",)))
-    registry.add(Gauge("sim2real_model_ready", "1 once the model is loaded", fn=lambda: 1.0 if svc.ready else 0.0))
-    registry.add(Gauge("sim2real_calibration_drift_warnings", "calibration differences from the trained camera",
-                       fn=lambda: float(len(svc.warnings))))
-    registry.add(Gauge("sim2real_repeats_remembered", "grasps not answered again: they just failed on the unchanged scene",
-                       fn=lambda: float(svc.repeats.state()["remembered"]) if svc.repeats else 0.0))
-    registry.add(Gauge("sim2real_grasp_requests_admitted", "/v1/grasp requests between admission and answer",
-                       fn=lambda: float(gate.admitted)))
-    registry.add(Gauge("sim2real_grasp_requests_refused_queue_full", "/v1/grasp requests answered 503: queue full (total)",
-                       fn=lambda: float(gate.refused)))
-    registry.add(Gauge("sim2real_grasp_uploads_evicted", "/v1/grasp bodies answered 503: slowest upload when a new "
-                       "request found the queue full (total)", fn=lambda: float(gate.evicted)))
-    registry.add(Gauge("sim2real_open_connections", "open HTTP connections", fn=lambda: float(stats.open_connections)))
-    registry.add(Gauge("sim2real_connections_refused", "connections over limits.max_connections, answered 503 (total)",
-                       fn=lambda: float(stats.refused_connections)))
-    registry.add(Gauge("sim2real_header_timeouts", "connections closed: no request headers in time (total)",
-                       fn=lambda: float(stats.header_timeouts)))
-    registry.add(Gauge("sim2real_accept_errors", "failed accepts: out of file descriptors (total)",
-                       fn=lambda: float(stats.accept_errors)))
-    registry.add(Gauge("process_resident_memory_bytes", "resident memory of the service", fn=resident_memory_bytes))
+    # One registry per app (tests run several), with the process's own metrics
+    # (process_resident_memory_bytes, open fds, CPU seconds) from prometheus_client.
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    requests = Counter("sim2real_http_requests", "HTTP responses by path and status", ("path", "status"),
+                       registry=registry)
+    latency = Histogram("sim2real_http_request_duration_seconds", "HTTP request latency", ("path",),
+                        buckets=LATENCY_BUCKETS_S, registry=registry)
+    infer_hist = Histogram("sim2real_inference_duration_seconds", "decode + preprocess + forward + grasp decode",
+                           buckets=LATENCY_BUCKETS_S, registry=registry)
+    grasps = Counter("sim2real_grasp_answers", "200 answers by result", ("result",), registry=registry)
+
+    def gauge(name: str, doc: str, fn) -> None:
+        Gauge(name, doc, registry=registry).set_function(fn)
+
+    gauge("sim2real_model_ready", "1 once the model is loaded", lambda: 1.0 if svc.ready else 0.0)
+    gauge("sim2real_calibration_drift_warnings", "calibration differences from the trained camera",
+          lambda: float(len(svc.warnings)))
+    gauge("sim2real_repeats_remembered", "grasps not answered again: they just failed on the unchanged scene",
+          lambda: float(svc.repeats.state()["remembered"]) if svc.repeats else 0.0)
+    gauge("sim2real_grasp_requests_admitted", "/v1/grasp requests between admission and answer",
+          lambda: float(gate.admitted))
+    gauge("sim2real_grasp_requests_refused_queue_full", "/v1/grasp requests answered 503: queue full (total)",
+          lambda: float(gate.refused))
+    gauge("sim2real_grasp_uploads_evicted", "/v1/grasp bodies answered 503: slowest upload when a new request "
+          "found the queue full (total)", lambda: float(gate.evicted))
+    gauge("sim2real_open_connections", "open HTTP connections", lambda: float(stats.open_connections))
+    gauge("sim2real_connections_refused", "connections over limits.max_connections, answered 503 (total)",
+          lambda: float(stats.refused_connections))
+    gauge("sim2real_header_timeouts", "connections closed: no request headers in time (total)",
+          lambda: float(stats.header_timeouts))
+    gauge("sim2real_accept_errors", "failed accepts: out of file descriptors (total)",
+          lambda: float(stats.accept_errors))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -433,7 +444,7 @@ def create_app(
     @app.get("/metrics", response_class=Response,
              responses={401: {"model": ErrorAnswer, "description": "token missing or wrong"}})
     async def metrics(request: Request):
-        return auth_error(request) or Response(registry.render(), media_type=METRICS_CONTENT_TYPE)
+        return auth_error(request) or Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
     async def docs():
@@ -520,7 +531,7 @@ def create_app(
         finally:
             gate.release(ticket)
         dec = result.decoded
-        grasps.inc("grasp" if dec.grasp is not None else "none")
+        grasps.labels("grasp" if dec.grasp is not None else "none").inc()
         answer = dec.to_dict()
         answer["latency_ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
         answer = {k: answer[k] for k in ("grasp", "pixel", "latency_ms", "reason")}

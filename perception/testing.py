@@ -9,6 +9,7 @@ graph's quality map is a fixed prior that peaks at a chosen point of the table, 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,8 @@ from perception.geometry import make_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 
-__all__ = ["make_test_artifact", "make_test_frame", "scan_bomb_jpeg", "send_json", "free_port", "wait_until_healthy"]
+__all__ = ["make_test_artifact", "make_test_frame", "scan_bomb_jpeg", "send_json", "free_port", "wait_until_healthy",
+           "resident_memory_bytes"]
 
 
 def make_test_artifact(
@@ -242,3 +244,13 @@ def wait_until_healthy(url: str, proc, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"service at {url} did not become ready within {timeout:.0f} s")
+
+
+def resident_memory_bytes(pid: int | str = "self") -> int:
+    """Resident set size of a process (Linux ``/proc``; 0 elsewhere): tests and benchmarks
+    read a service's memory from outside (the service reports its own in ``/metrics``)."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -170,7 +170,7 @@ def test_slow_uploads_give_their_place_to_a_frame(limited, png_bytes):
         for h in held:
             h.close()
     metrics = httpx.get(limited.url + "/metrics", headers=AUTH).text
-    assert "sim2real_grasp_uploads_evicted 1" in metrics
+    assert "sim2real_grasp_uploads_evicted 1.0" in metrics
 
 
 def test_the_queue_is_full_only_when_every_body_has_arrived():
@@ -401,7 +401,7 @@ def test_sigterm_under_load_exits_fast_without_500(artifact_dir, png_bytes):
 
 @pytest.mark.slow
 def test_memory_under_a_full_queue_is_bounded(artifact_dir, png_bytes):
-    from perception.metrics import resident_memory_bytes
+    from perception.testing import resident_memory_bytes
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

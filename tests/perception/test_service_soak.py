@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from perception.imageio import encode_image
-from perception.metrics import resident_memory_bytes
+from perception.testing import resident_memory_bytes
 from perception.testing import free_port, make_test_frame, wait_until_healthy
 
 BIN = Path(sys.executable).parent
