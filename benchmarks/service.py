@@ -42,9 +42,13 @@ from perception.artifact import PolicyRunner, cpu_count  # noqa: E402
 from perception.calibration import Calibration, default_calibration_path  # noqa: E402
 from perception.decode import decode_grasp  # noqa: E402
 from perception.imageio import decode_image, encode_image  # noqa: E402
-from perception.testing import resident_memory_bytes  # noqa: E402
 from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
-from perception.testing import free_port, scan_bomb_jpeg, wait_until_healthy  # noqa: E402
+from perception.testing import (  # noqa: E402
+    free_port,
+    resident_memory_bytes,  # noqa: E402
+    scan_bomb_jpeg,
+    wait_until_healthy,
+)
 
 START, END = "<!-- service-benchmark:start -->", "<!-- service-benchmark:end -->"
 

@@ -37,10 +37,17 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import ProcessCollector
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
