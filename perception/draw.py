@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-__all__ = ["SUCCESS_COLOR", "FAILURE_COLOR", "draw_grasp", "draw_grasps", "panel", "label_image"]
+__all__ = ["SUCCESS_COLOR", "FAILURE_COLOR", "caption_image", "draw_grasp", "draw_grasps", "panel", "label_image"]
 
 SUCCESS_COLOR = (40, 220, 60)
 FAILURE_COLOR = (230, 50, 40)
@@ -84,3 +84,22 @@ def panel(rows: Sequence[Sequence[np.ndarray]], pad: int = 4) -> np.ndarray:
             y, x = pad + i * (h + pad), pad + j * (w + pad)
             out[y : y + h, x : x + w] = im
     return out
+
+
+def caption_image(img: np.ndarray, text: str, scale: float = 0.45) -> np.ndarray:
+    """Copy of ``img`` with ``text`` word-wrapped in a white bar below it (a figure's legend)."""
+    h, w = img.shape[:2]
+    font, line_h = cv2.FONT_HERSHEY_SIMPLEX, int(round(40 * scale))
+    lines, cur = [], ""
+    for word in text.split():
+        trial = f"{cur} {word}".strip()
+        if cv2.getTextSize(trial, font, scale, 1)[0][0] > w - 8 and cur:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = trial
+    lines.append(cur)
+    bar = np.full((line_h * len(lines) + 8, w, 3), 255, dtype=np.uint8)
+    for i, line in enumerate(lines):
+        cv2.putText(bar, line, (4, 4 + line_h * (i + 1) - line_h // 4), font, scale, (0, 0, 0), 1, cv2.LINE_AA)
+    return np.concatenate([img, bar], axis=0)

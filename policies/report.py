@@ -10,13 +10,18 @@ import numpy as np
 
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration
-from perception.draw import SUCCESS_COLOR, draw_grasp, label_image, panel
+from perception.draw import SUCCESS_COLOR, caption_image, draw_grasp, label_image, panel
 from perception.overlay import draw_decoded
 
 __all__ = ["write_report", "eval_rows"]
 
 #: Frames per row of the image panel.
 PANEL_FRAMES = 4
+POLICY_COLOR, REFERENCE_COLOR = "#3b7dd8", "#999999"
+#: The panel's rows, top to bottom, as its caption says them.
+PANEL_CAPTION = ("Rows: 1 sim frames with the policy's grasp; 2 what the network sees (adapted when a translator "
+                 "is used); 3 real frames with the policy's grasp. Green: fingertip line; yellow cross: grasp "
+                 "centre; blue: workspace; red text: why there is no grasp.")
 
 
 def eval_rows(evaluation: dict) -> list[dict]:
@@ -36,20 +41,27 @@ def _bar_plot(rows: list[dict], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    labels = [f"{r['name']}\n{r['domain']}" for r in rows]
+    labels = [f"{r['name']}\n{r['domain']}\n{r['successes']}/{r['attempts']}" for r in rows]
     rates = np.array([100 * r["rate"] for r in rows])
     lo = np.array([100 * r["rate_ci95"][0] for r in rows])
     hi = np.array([100 * r["rate_ci95"][1] for r in rows])
-    colors = ["#3b7dd8" if r["name"] == "policy" else "#999999" for r in rows]
-    fig, ax = plt.subplots(figsize=(1.3 * len(rows) + 2, 3.6), dpi=110)
-    ax.bar(range(len(rows)), rates, color=colors, yerr=[rates - lo, hi - rates], capsize=4)
-    for i, r in enumerate(rows):
-        ax.text(i, 2, f"{r['successes']}/{r['attempts']}", ha="center", va="bottom", fontsize=8, color="white")
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    ax.set_ylabel("grasp success, % (Wilson 95% CI)")
+    colors = [POLICY_COLOR if r["name"] == "policy" else REFERENCE_COLOR for r in rows]
+    fig, ax = plt.subplots(figsize=(1.4 * len(rows) + 4.5, 4.4), dpi=110)
+    yerr = np.clip([rates - lo, hi - rates], 0, None)
+    ax.bar(range(len(rows)), rates, color=colors, yerr=yerr, capsize=4, ecolor="#333333")
+    # successes/attempts under each bar, so a 0% bar still says whether it is 0/0 or 0/12.
+    ax.set_xticks(range(len(rows)), labels, fontsize=9)
+    ax.set_ylabel("grasp success, % of attempts", fontsize=10)
     ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(handles=[Patch(color=POLICY_COLOR, label="the trained policy"),
+                       Patch(color=REFERENCE_COLOR, label="reference (oracle: true geometry; random)"),
+                       plt.Line2D([], [], color="#333333", marker="_", linestyle="", markersize=12,
+                                  label="Wilson 95% interval")],
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp)
@@ -90,7 +102,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
     rows = [r for r in (sim_rows, view_rows, real_rows) if r]
     if not rows:
         return None
-    return save_png(out / "report_panels.png", panel(rows))
+    return save_png(out / "report_panels.png", caption_image(panel(rows), PANEL_CAPTION))
 
 
 def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, translator: Any,
@@ -106,9 +118,13 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
     atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
 
     md = [f"# sim2real-grasp report: budget={report['budget']}, adaptation={report['adaptation']}, "
-          f"seed={report['seed']}", "",
+          f"seed={report['seed']}", "", *verdict(report["evaluation"], report["budget"]), "",
           f"Total wall time {report['wall_s']:.0f} s. Artifact: `{report['artifact']}`.", "",
           "## Grasp success in the PyBullet twin (held-out test objects)", "",
+          "Domains: the twin rendered four ways (`randomized`: the training randomization; `canonical`: plain "
+          "looks; `target`, `target_b`: two fixed looks the policy never trained on). An attempt is one grasp "
+          "executed in the physics engine; clearance is the share of objects lifted out of the bin. These "
+          "figures are the twin's: they do not measure transfer to your cell.", "",
           "| policy | domain | successes / attempts | rate | Wilson 95% CI | clearance |",
           "|---|---|---|---|---|---|"]
     for r in rows:
@@ -125,10 +141,69 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
     md += ["", "![success](report_success.png)", "", "## Stages", "", "| stage | wall s | reused |", "|---|---|---|"]
     for k, v in report["stages"].items():
         md.append(f"| {k} | {v['wall_s']:.1f} | {v['reused']} |")
-    a = report.get("adapt") or {}
-    if a and a.get("adaptation") != "none":
-        md += ["", "## Adaptation", "", "```json", json.dumps({k: v for k, v in a.items()
-                                                              if not isinstance(v, dict | list)}, indent=1), "```"]
-    md += ["", "## Frames", "", "Rows: sim frames with the policy's grasp; the network's view (adapted when a",
-           "translator is used); real frames with the policy's grasp.", "", "![panels](report_panels.png)", ""]
+    md += adaptation_section(report.get("adapt") or {})
+    md += ["", "## Frames", "", PANEL_CAPTION, "", "![panels](report_panels.png)", ""]
     atomic_write_text(out / "report.md", "\n".join(md))
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def adaptation_section(a: dict) -> list[str]:
+    """``report.md``'s adaptation part: the translation's distance to the real frames and
+    how much of the scene's content it kept (both on held-out frames)."""
+    if not a or a.get("adaptation") == "none":
+        return []
+    d, c = a.get("distance") or {}, a.get("content") or {}
+    md = ["", "## Adaptation", "",
+          f"`{a.get('adaptation')}` with the `{a.get('generator_name')}` generator: {a.get('steps')} steps, best at "
+          f"step {a.get('best_step')}, {_fmt(a.get('wall_time_s'), 0)} s.", "",
+          "Distance to the real frames (SWD: the sliced Wasserstein distance of 7x7 Laplacian-pyramid patches, x1000, "
+          "on held-out real frames; lower is closer):", "",
+          "| | SWD |", "|---|---|",
+          f"| raw sim frames to real | {_fmt(d.get('sim_real'))} |",
+          f"| adapted frames to real (best checkpoint) | {_fmt(d.get('adapted_real'))} |",
+          f"| adapted / raw (below 1: the translation moved sim toward real) | {_fmt(d.get('ratio'))} |",
+          f"| adapted frames to real (last step) | {_fmt(d.get('adapted_real_last'))} |", "",
+          "Content kept (a segmentation probe trained on raw sim, run on the adapted frames, against the sim "
+          "labels; the raw-sim column is the probe on the frames it knows, the most to expect):", "",
+          "| | adapted | raw sim |", "|---|---|---|",
+          f"| object IoU | {_fmt(c.get('object_iou'))} | {_fmt(c.get('sim_object_iou'))} |",
+          f"| objects found (instance recall) | {_fmt(c.get('instance_recall'))} | "
+          f"{_fmt(c.get('sim_instance_recall'))} |",
+          f"| mean IoU over classes | {_fmt(c.get('mean_iou'))} | |"]
+    return md
+
+
+def verdict(evaluation: dict, budget: str) -> list[str]:
+    """The report's first lines: plainly, whether the policy grasped anything in the twin,
+    why not when it did not, and what to run next."""
+    policy = evaluation.get("policy") or {}
+    attempts = sum(int(r.get("attempts", 0)) for r in policy.values())
+    successes = sum(int(r.get("successes", 0)) for r in policy.values())
+    silent = [d for d, r in policy.items() if int(r.get("attempts", 0)) == 0]
+    reasons: dict[str, int] = {}
+    for r in policy.values():
+        for k, n in (r.get("reasons") or {}).items():
+            reasons[k] = reasons.get(k, 0) + int(n)
+    why = "; ".join(f"{k} ({n}x)" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+    bigger = {"tiny": "small", "small": "full"}.get(str(budget))
+    nxt = (f"`sim2real-pipeline budget={bigger}` trains longer" if bigger else "more training time or data")
+    if not policy:
+        return ["**No policy evaluation ran** (the `eval` stage was skipped).", ""]
+    if attempts == 0:
+        return [f"> **Nothing was grasped: the policy answered \"no grasp\" on every frame, in all {len(policy)} "
+                f"twin domains.** Why: {why or 'no reason recorded'}.",
+                f"> Next: {nxt}; or lower the answer threshold for a look at what it would grasp "
+                "(`sim2real-eval artifact=ARTIFACT quality_threshold=0.1`)."]
+    lines = []
+    if successes == 0:
+        lines.append(f"> **No grasp succeeded**: {attempts} attempts in the twin, none lifted an object. Next: {nxt}.")
+    else:
+        lines.append(f"> The policy lifted an object on **{successes} of {attempts} attempts** in the twin "
+                     f"({100 * successes / attempts:.0f}%, all domains together).")
+    if silent:
+        lines.append(f"> It answered \"no grasp\" on every frame of {', '.join(silent)}"
+                     + (f" ({why})" if why else "") + ".")
+    return lines

@@ -65,6 +65,11 @@ def test_pipeline_writes_the_report_and_artifact(tiny_run):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     md = (out / "report.md").read_text()
     assert "randomized" in md and "oracle" in md
+    # The plain statement comes right under the title; the translation's scores are in.
+    first = md.split("\n")[2]
+    assert first.startswith("> ") and any(w in first for w in ("lifted an object", "Nothing was grasped",
+                                                               "No grasp succeeded")), first
+    assert "## Adaptation" in md and "| raw sim frames to real |" in md and "| object IoU |" in md
 
 
 def test_artifact_runs_without_torch_and_matches_torch(tiny_run):
