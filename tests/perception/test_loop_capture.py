@@ -182,6 +182,10 @@ def test_loop_jsonl_subprocess(tmp_path, frames_dir, artifact_dir):
     try:
         for _ in range(2):
             line = proc.stdout.readline()
+            if not line.startswith("{"):  # seen twice in ~30 runs: say what came instead, and stderr
+                proc.kill()
+                pytest.fail(f"stdout line {line!r} is not the protocol's JSON; exit {proc.wait()}; "
+                            f"stderr:\n{proc.stderr.read()[-3000:]}")
             req = json.loads(line)
             assert req["type"] == "grasp"
             proc.stdin.write(json.dumps({"id": req["id"], "success": False}) + "\n")

@@ -1,0 +1,48 @@
+"""Every command's command line: ``--help`` lists the config groups it composes, and a value
+of the wrong type stops it with exit 2 and the key's name (a real Hydra compose)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perception.cli import check_override_types, config_groups, help_text
+
+CONFIGS = ["pipeline", "render", "adapt", "train_policy", "base", "eval", "serve", "grasp_loop", "capture",
+           "translate", "calibrate_intrinsics", "calibrate_handeye"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_help_lists_only_the_groups_the_command_composes(name):
+    text = help_text(name, f"sim2real-{name}")
+    assert f"conf/{name}.yaml" in text
+    assert "  sweeps:" not in text and "  hydra" not in text  # conf/sweeps holds W&B sweeps, not a group
+    for group, (choice, options) in config_groups(name).items():
+        assert f"  {group}: " in text and choice in (*options, "null")
+
+
+def test_the_pipeline_groups_are_its_defaults_list():
+    groups = config_groups("pipeline")
+    assert {"budget", "adaptation", "adaptation/generator", "policy", "randomization", "logger"} == set(groups)
+    assert groups["budget"] == ("tiny", ["full", "small", "tiny"])
+
+
+@pytest.mark.parametrize("name, override, key, kind", [
+    ("pipeline", "seed=abc", "seed", "a number"),
+    ("pipeline", "budget=small", None, None),          # a group choice, not a value
+    ("render", "n_scenes=many", "n_scenes", "a number"),
+    ("train_policy", "seed=x", "seed", "a number"),
+    ("eval", "keep_episodes=3", "keep_episodes", "true or false"),
+    ("serve", "port=abc", "port", "a number"),
+    ("serve", "limits.body_timeout_s=0.5", None, None),  # an int default takes a float
+    ("grasp_loop", "rate_hz=fast", "rate_hz", "a number"),
+    ("translate", "raw=2", "raw", "true or false"),
+    ("pipeline", "seed=1,2", None, None),              # a sweep is Hydra's to expand
+])
+def test_a_value_of_the_wrong_type_names_its_key(name, override, key, kind, capsys):
+    if key is None:
+        check_override_types(name, [override], "prog")
+        return
+    with pytest.raises(SystemExit) as exc:
+        check_override_types(name, [override], "prog")
+    assert exc.value.code == 2
+    assert f"prog: error: {key} must be {kind}" in capsys.readouterr().err
