@@ -730,6 +730,18 @@ def run_eval(cfg: DictConfig) -> dict:
     from perception.atomic import atomic_write_text
     from perception.calibration import default_calibration_path
 
+    from perception.cli import config_number
+
+    # Ranges before any work (ValueError names the key; the command exits 2).
+    config_number(cfg, "n_episodes", int, lo=1)
+    config_number(cfg, "empty_bin_frames", int, lo=0)
+    config_number(cfg, "workspace_margin", float, lo=0)
+    if cfg.bracket_episodes is not None:
+        config_number(cfg, "bracket_episodes", int, lo=1)
+    if cfg.quality_threshold is not None:
+        config_number(cfg, "quality_threshold", float, lo=0, hi=1)
+    if cfg.render_scale is not None:
+        config_number(cfg, "render_scale", float, lo=0, lo_open=True)
     policy = None
     if cfg.artifact:
         policy = OnnxPolicy(cfg.artifact, cfg.calibration, cfg.quality_threshold, cfg.workspace_margin)

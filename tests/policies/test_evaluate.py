@@ -199,7 +199,9 @@ def test_eval_cli_verbose_switches_the_episode_log_and_bad_values_name_their_key
         assert proc.returncode == 0, proc.stderr
         logs[verbose] = proc.stdout + proc.stderr
     assert "episode 0" not in logs["false"] and "episode 0" in logs["true"]
-    for arg, key in (("seed=abc", "seed"), ("n_episodes=many", "n_episodes"), ("verbose=3", "verbose")):
+    for arg, key in (("seed=abc", "seed"), ("n_episodes=many", "n_episodes"), ("verbose=3", "verbose"),
+                     ("n_episodes=-1", "n_episodes"), ("quality_threshold=2", "quality_threshold"),
+                     ("workspace_margin=-0.1", "workspace_margin")):
         proc = subprocess.run(base + [arg], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and f"{key} must be" in proc.stderr, (arg, proc.stderr)
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
