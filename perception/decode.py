@@ -103,6 +103,7 @@ def decode_grasp(
     avoid: Sequence[Grasp] = (),
     avoid_radius: float = DEFAULT_REPEATS["radius"],
     avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
+    rerank: np.ndarray | None = None,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -139,6 +140,10 @@ def decode_grasp(
             failed on this scene): no candidate whose centre, at its own fingertip height,
             is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
             within ``avoid_yaw`` radians (inclusive) of its yaw.
+        rerank: ``(A, H, W)`` shifts added to the quality of the entries at or above
+            ``threshold`` when choosing among them (:class:`perception.online.OnlineResidual`):
+            it re-ranks the network's candidates and never admits one below the threshold;
+            the answered quality stays the network's.
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
@@ -179,8 +184,14 @@ def decode_grasp(
         if blocked is not None:
             avoided = bool((q[blocked] >= threshold).any())
             q = np.where(blocked, -np.inf, q)
-    abin = q.argmax(axis=0)
+    if rerank is None:
+        score = q
+    else:
+        with np.errstate(invalid="ignore"):
+            score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
+    abin = score.argmax(axis=0)
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
+    sbest = qbest if rerank is None else np.take_along_axis(score, abin[None], axis=0)[0]
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
     if rule_width is not None:
         valid &= qbest > 0  # grasps that do not fit score 0
@@ -223,7 +234,7 @@ def decode_grasp(
             f"({idx.size} candidates outside)"
         )
     cand = np.flatnonzero(inside)
-    k = cand[np.argmax(qbest.reshape(-1)[idx[cand]])]
+    k = cand[np.argmax(sbest.reshape(-1)[idx[cand]])]
     v, u = int(vs[k]), int(us[k])
     a = int(abin[v, u])
     angle = float(angle_bin_centers(A)[a])

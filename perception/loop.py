@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import threading
@@ -43,82 +42,17 @@ from perception.artifact import PolicyRunner
 from perception.atomic import atomic_write_text
 from perception.cameras import StaleFrameError, ThreadedCamera
 from perception.cameras.base import Frame
-from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
-from perception.imageio import write_image
+from perception.decode import decode_grasp, grasp_in_workspace
+from perception.recording import Recording, RecordingError, load_attempts
 from perception.repeats import RepeatGuard, repeat_options
 from perception.robots import GraspRequest, Outcome, RobotAdapter, RobotError
 
 #: Exit code of a loop that stopped itself for safety (unconfirmed motion, failing steps).
 EXIT_STOPPED_FOR_SAFETY = 3
 
-__all__ = ["AttemptRecorder", "GraspLoop", "LoopConfig", "load_attempts", "main"]
+__all__ = ["GraspLoop", "LoopConfig", "load_attempts", "main"]
 
 log = logging.getLogger("sim2real.loop")
-
-ATTEMPTS_FILE = "attempts.jsonl"
-FRAMES_DIR = "frames"
-
-
-class AttemptRecorder:
-    """Writes attempts into ``out_dir``: ``frames/attempt_NNNNNN.png`` + ``attempts.jsonl``.
-
-    Numbering continues after the attempts already in the folder, so several sessions
-    collect into one folder. Frames are written atomically and each JSON line is flushed
-    and fsynced, so a crash loses at most the attempt in progress.
-    """
-
-    def __init__(self, out_dir: str | Path, debug_images: bool = False) -> None:
-        self.dir = Path(out_dir)
-        (self.dir / FRAMES_DIR).mkdir(parents=True, exist_ok=True)
-        self.debug_images = debug_images
-        existing = load_attempts(self.dir) if (self.dir / ATTEMPTS_FILE).exists() else []
-        self.next_id = max((int(a.get("id", 0)) for a in existing), default=0) + 1
-        self._fh = open(self.dir / ATTEMPTS_FILE, "a", encoding="utf-8")
-        self._lock = threading.Lock()
-
-    def new_id(self) -> int:
-        with self._lock:
-            i = self.next_id
-            self.next_id += 1
-            return i
-
-    def record(self, attempt_id: int, frame: Frame, entry: dict, decoded: DecodedGrasp | None = None,
-               calib=None) -> dict:
-        name = f"{FRAMES_DIR}/attempt_{attempt_id:06d}.png"
-        write_image(self.dir / name, frame.image)
-        if self.debug_images and decoded is not None and calib is not None:
-            from perception.overlay import draw_decoded
-
-            write_image(self.dir / "debug" / f"attempt_{attempt_id:06d}.jpg", draw_decoded(frame.image, decoded, calib))
-        line = {"id": attempt_id, "frame": name, **entry}
-        with self._lock:
-            self._fh.write(json.dumps(line) + "\n")
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        return line
-
-    def close(self) -> None:
-        with self._lock:
-            if not self._fh.closed:
-                self._fh.close()
-
-
-def load_attempts(folder: str | Path) -> list[dict]:
-    """The attempts recorded in ``folder/attempts.jsonl`` (a torn last line is skipped)."""
-    path = Path(folder) / ATTEMPTS_FILE
-    out = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("skipping a torn line in %s", path)
-    return out
-
 
 @dataclass
 class LoopConfig:
@@ -196,7 +130,7 @@ class GraspLoop:
     """
 
     def __init__(self, camera: ThreadedCamera, runner: PolicyRunner, robot: RobotAdapter,
-                 recorder: AttemptRecorder | None = None, config: LoopConfig | None = None,
+                 recorder: Recording | None = None, config: LoopConfig | None = None,
                  stop: threading.Event | None = None) -> None:
         self.camera = camera
         self.runner = runner
@@ -467,8 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         log.info("received %s, stopping after the current step", signal.Signals(sig).name)
         stop.set()
 
+    try:
+        recorder = Recording(cfg.out_dir, runner.calib, debug_images=bool(cfg.debug_images),
+                             source="loop") if cfg.out_dir else None
+    except (RecordingError, OSError) as exc:
+        raise CliError(prog, f"not starting: out_dir={cfg.out_dir}: {exc}") from exc
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    recorder = AttemptRecorder(cfg.out_dir, debug_images=bool(cfg.debug_images)) if cfg.out_dir else None
     threaded = ThreadedCamera(camera, max_age=loop_cfg.max_frame_age, backoff_max=float(cfg.reconnect_backoff_max))
     t0 = time.monotonic()
     try:

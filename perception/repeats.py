@@ -115,6 +115,7 @@ class _Answered:
     region: tuple[slice, slice]  # the fingerprint blocks within ``region`` of the grasp
     blocks_per_m: float  # fingerprint blocks per metre there
     answer: int  # index of the answer that gave it
+    tag: str | None = None  # the attempt's id, for a reported outcome
 
 
 class RepeatGuard:
@@ -196,15 +197,26 @@ class RepeatGuard:
             self._memory = keep
             return [a.grasp for a in keep]
 
-    def answered(self, fingerprint: np.ndarray, grasp: Grasp | None) -> None:
-        """Count an answer; remember its grasp (``None``: a null answer) with its frame."""
+    def answered(self, fingerprint: np.ndarray, grasp: Grasp | None, tag: str | None = None) -> None:
+        """Count an answer; remember its grasp (``None``: a null answer) with its frame.
+
+        ``tag``: the attempt's id, so that :meth:`reported` can find it.
+        """
         if not self.enabled:
             return
         with self._lock:
             self._answers += 1
             if grasp is not None:
                 region, per_m = self._region(grasp, fingerprint.shape)
-                self._memory.append(_Answered(grasp, fingerprint, region, per_m, self._answers))
+                self._memory.append(_Answered(grasp, fingerprint, region, per_m, self._answers, tag))
+
+    def reported(self, tag: str, success: bool) -> None:
+        """The robot's word on an answered grasp: a success is not avoided (the frame may not show
+        the lift yet); a failure stays avoided until the scene around it moves, as it would."""
+        if not success:
+            return
+        with self._lock:
+            self._memory = deque(a for a in self._memory if a.tag != tag)
 
     def state(self) -> dict[str, Any]:
         """For ``/v1/info``: the settings and how many grasps are avoided now."""

@@ -56,8 +56,10 @@ from perception.artifact import ArtifactError, PolicyRunner, check_calibration, 
 from perception.calibration import Calibration, CalibrationError
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
 from perception.imageio import ImageDecodeError, decode_image, encode_image
+from perception.online import OnlineResidual
 from perception.overlay import draw_decoded
 from perception.preprocess import PreprocessError
+from perception.recording import Recording, attempt_key, load_attempts
 from perception.repeats import RepeatGuard
 from perception.server import ServerLimits, ServerStats, Stopper
 
@@ -72,7 +74,9 @@ DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 ACCEPTED_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg"}
 #: Seconds: the request-latency histograms' buckets (a frame takes 20-60 ms on 2 cores).
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-KNOWN_PATHS = {"/healthz", "/v1/grasp", "/v1/info", "/metrics", "/docs", "/openapi.json"}
+#: Bytes: the largest /v1/outcome body (the contract's object is under 100 bytes).
+MAX_OUTCOME_BYTES = 4096
+KNOWN_PATHS = {"/healthz", "/v1/grasp", "/v1/outcome", "/v1/info", "/metrics", "/docs", "/openapi.json"}
 
 
 # --------------------------------------------------------------------- schemas
@@ -103,6 +107,7 @@ class Health(BaseModel):
 class _Result:
     decoded: DecodedGrasp
     rgb: object
+    attempt_id: str | None = None
 
 
 class GraspService:
@@ -117,6 +122,10 @@ class GraspService:
         intra_op_num_threads: int | None = None,
         repeats: dict | None = None,
         max_jpeg_scans: int = ServerLimits.max_jpeg_scans,
+        record_dir: str | Path | None = None,
+        record_max_attempts: int = 1000,
+        online: bool = False,
+        online_options: dict | None = None,
     ) -> None:
         self.artifact_dir = Path(artifact_dir)
         # Validate everything cheap first, so a mismatch stops the service at start.
@@ -144,6 +153,22 @@ class GraspService:
         self.repeats = RepeatGuard.build(self.calib, repeats)
         self.runner: PolicyRunner | None = None
         self.load_error: str | None = None
+        if not int(record_max_attempts) > 0:
+            raise ValueError(f"record_max_attempts must be > 0, got {record_max_attempts}")
+        # Raises RecordingError (a ValueError) for a folder of another camera or one in use.
+        self.recording = (Recording(record_dir, self.calib, max_attempts=int(record_max_attempts), source="serve")
+                          if record_dir else None)
+        self.recording_refused = 0  # attempts not recorded: the cap was reached
+        # online=true: a residual on the quality, learnt from the outcomes (perception/online.py).
+        self.online: OnlineResidual | None = None
+        self._answered: dict[str, tuple[int, float]] = {}  # attempt id -> (angle bin, quality), for its outcome
+        if online:
+            if self.recording is None:
+                raise ValueError("online=true learns from the recorded attempts' outcomes: it needs record_dir=DIR")
+            self.online = OnlineResidual(self.recording.dir, self.meta.angle_bins, online_options)
+            for a in load_attempts(self.recording.dir):
+                if a.get("angle_bin") is not None and a.get("grasp"):
+                    self._answered[a["id"]] = (int(a["angle_bin"]), float(a["grasp"]["quality"]))
 
     def load(self) -> None:
         """Create the onnxruntime session (the slow part)."""
@@ -157,21 +182,65 @@ class GraspService:
     def ready(self) -> bool:
         return self.runner is not None
 
-    def process(self, body: bytes, keep_rgb: bool = False) -> _Result:
-        """Bytes of one frame -> decoded grasp. Raises ImageDecodeError / PreprocessError."""
+    def process(self, body: bytes, keep_rgb: bool = False, ext: str = "png") -> _Result:
+        """Bytes of one frame -> decoded grasp, recorded when recording (``ext``: the bytes' format).
+
+        Raises ImageDecodeError / PreprocessError."""
         assert self.runner is not None
         rgb = decode_image(body, expected_size=self.calib.image_size, max_jpeg_scans=self.max_jpeg_scans)
         avoid: dict = {}
         if self.repeats is not None:
             fingerprint, avoid = self.repeats.avoiding(rgb)
         maps = self.runner.infer(rgb)
+        rerank = None if self.online is None else self.online.rerank(maps.quality)
         dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                           self.threshold, self.margin, surface=maps.surface, **self.meta.decode, **avoid)
+                           self.threshold, self.margin, surface=maps.surface, **self.meta.decode, **avoid,
+                           rerank=rerank)
         if dec.grasp is not None and not grasp_in_workspace(dec.grasp, self.calib, self.margin):
             dec = DecodedGrasp(None, None, None, "grasp refused by the workspace safety check")
+        attempt_id = self._record(body, ext, dec) if self.recording is not None and dec.grasp is not None else None
         if self.repeats is not None:
-            self.repeats.answered(fingerprint, dec.grasp)
-        return _Result(dec, rgb if keep_rgb else None)
+            self.repeats.answered(fingerprint, dec.grasp, attempt_id)
+        return _Result(dec, rgb if keep_rgb else None, attempt_id)
+
+    def _record(self, body: bytes, ext: str, dec: DecodedGrasp) -> str | None:
+        """The frame as sent and its answer, on disk before the answer leaves; ``None`` at the cap."""
+        rec = self.recording
+        n = rec.reserve()
+        if n is None:
+            if self.recording_refused == 0:
+                log.warning("recording: the cap of %d attempts in %s is reached; serving on without recording "
+                            "(sim2real_recording_refused in /metrics counts what is not recorded)",
+                            rec.max_attempts, rec.dir)
+            self.recording_refused += 1
+            return None
+        entry = {
+            "time": time.time(), "grasp": dec.grasp.to_dict(), "pixel": [float(v) for v in dec.pixel],
+            "view_pixel": None if dec.view_pixel is None else [float(v) for v in dec.view_pixel],
+            "angle_bin": dec.angle_bin,
+            "reason": dec.reason, "outcome": None, "error": None, "quality_threshold": self.threshold,
+            "code_version": self.meta.code_version, "calibration_digest": self.calib.digest(), "camera": "http",
+        }
+        try:
+            rec.record_bytes(n, body, ext, entry)
+        except OSError as exc:  # a full or failing disk: the robot still gets its grasp, unrecorded
+            log.error("recording attempt %s failed: %s", attempt_key(n), exc)
+            self.recording_refused += 1
+            return None
+        finally:
+            rec.release()
+        if self.online is not None and dec.angle_bin is not None:
+            self._answered[attempt_key(n)] = (int(dec.angle_bin), float(dec.grasp.quality))
+        return attempt_key(n)
+
+    def record_outcome(self, attempt_id: str, success: bool) -> bool:
+        """Write a reported outcome (fsynced); ``False``: an unknown attempt."""
+        known = self.recording.record_outcome(attempt_id, {"success": bool(success), "source": "http"})
+        if known and self.repeats is not None:
+            self.repeats.reported(attempt_id, bool(success))
+        if known and self.online is not None and attempt_id in self._answered:
+            self.online.update(*self._answered[attempt_id], bool(success))
+        return known
 
     def info(self) -> dict:
         return {
@@ -320,6 +389,10 @@ def create_app(
     background_load: bool = False,
     repeats: dict | None = None,
     limits: ServerLimits | None = None,
+    record_dir: str | Path | None = None,
+    record_max_attempts: int = 1000,
+    online: bool = False,
+    online_options: dict | None = None,
 ) -> FastAPI:
     """Build the grasp service.
 
@@ -341,6 +414,14 @@ def create_app(
             frame answered on its own.
         limits: body timeout, queue, JPEG scans (:class:`perception.server.ServerLimits`);
             the same object goes to :func:`perception.server.make_server` for the rest.
+        record_dir: record every answered grasp (the frame as sent and the answer) into this
+            :class:`perception.recording.Recording`, and take outcomes at ``POST /v1/outcome``;
+            ``None``: not recording (``/v1/outcome`` answers ``409``).
+        record_max_attempts: the recording's disk cap in attempts; past it the service
+            serves on without recording and counts what it did not record.
+        online: learn a bounded residual on the quality from the outcomes as they arrive
+            (:class:`perception.online.OnlineResidual`, saved beside the recording); needs
+            ``record_dir``. ``online_options``: its settings.
 
     Raises:
         ArtifactError, CalibrationError: a bad artifact, or a calibration whose
@@ -354,7 +435,7 @@ def create_app(
     if not int(max_concurrency) > 0:
         raise ValueError(f"max_concurrency must be > 0, got {max_concurrency}")
     svc = GraspService(artifact_dir, calibration, quality_threshold, workspace_margin, intra_op_num_threads, repeats,
-                       limits.max_jpeg_scans)
+                       limits.max_jpeg_scans, record_dir, record_max_attempts, online, online_options)
     for w in svc.warnings:
         log.warning("calibration drift from the trained camera: %s", w)
     if not background_load:
@@ -397,6 +478,13 @@ def create_app(
           lambda: float(stats.header_timeouts))
     gauge("sim2real_accept_errors", "failed accepts: out of file descriptors (total)",
           lambda: float(stats.accept_errors))
+    gauge("sim2real_recorded_attempts", "attempts in record_dir (0: not recording)",
+          lambda: float(svc.recording.count) if svc.recording else 0.0)
+    gauge("sim2real_online_updates", "outcomes the online residual learnt from (online=true)",
+          lambda: float(svc.online.updates) if svc.online else 0.0)
+    gauge("sim2real_recording_refused", "answered grasps not recorded: the cap was reached or the disk failed (total)",
+          lambda: float(svc.recording_refused))
+    outcomes = Counter("sim2real_outcomes", "POST /v1/outcome answers by status", ("status",), registry=registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -411,6 +499,8 @@ def create_app(
             threading.Thread(target=_load, name="model-load", daemon=True).start()
         yield
         stopper.begin()
+        if svc.recording is not None:
+            svc.recording.close()  # flushes and releases the folder for the next process
 
     # FastAPI's own /docs and /redoc load their scripts from a CDN: blank on a robot network.
     app = FastAPI(
@@ -490,6 +580,7 @@ def create_app(
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in ACCEPTED_TYPES:
             return _error(415, f"Content-Type must be image/png or image/jpeg, got {ctype or 'none'!r}")
+        ext = {"png": "png", "jpeg": "jpg"}[ACCEPTED_TYPES[ctype]]
         declared = request.headers.get("content-length")
         if declared is not None:
             try:
@@ -526,7 +617,7 @@ def create_app(
             with stopper.waiting() as stop_scope:
                 try:
                     t_inf = time.perf_counter()
-                    result = await anyio.to_thread.run_sync(svc.process, body, debug, limiter=limiter)
+                    result = await anyio.to_thread.run_sync(svc.process, body, debug, ext, limiter=limiter)
                     infer_hist.observe(time.perf_counter() - t_inf)
                 except (ImageDecodeError, PreprocessError) as exc:
                     return _error(400, str(exc))
@@ -542,12 +633,77 @@ def create_app(
         answer = dec.to_dict()
         answer["latency_ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
         answer = {k: answer[k] for k in ("grasp", "pixel", "latency_ms", "reason")}
+        if svc.recording is not None:
+            answer["attempt_id"] = result.attempt_id  # null: no grasp, or not recorded (the cap)
         if debug:
             png = await anyio.to_thread.run_sync(
                 lambda: encode_image(draw_decoded(result.rgb, dec, svc.calib), "png"), limiter=limiter)
             return Response(png, media_type="image/png",
                             headers={"X-Grasp-Result": json.dumps(answer, separators=(",", ":"))})
         return Response(json.dumps(answer), media_type="application/json")
+
+    @app.post(
+        "/v1/outcome",
+        responses={
+            200: {"description": "the outcome is on disk", "content": {"application/json": {"example": {"recorded": True}}}},
+            400: {"model": ErrorAnswer, "description": "not JSON"},
+            401: {"model": ErrorAnswer, "description": "token missing or wrong (checked before the body is read)"},
+            404: {"model": ErrorAnswer, "description": "no such attempt_id in the recording"},
+            409: {"model": ErrorAnswer, "description": "the service is not recording (no record_dir)"},
+            413: {"model": ErrorAnswer, "description": f"body over {MAX_OUTCOME_BYTES} bytes"},
+            415: {"model": ErrorAnswer, "description": "not application/json"},
+            422: {"model": ErrorAnswer, "description": "attempt_id (a non-empty string) or success (a boolean) missing"},
+        },
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["attempt_id", "success"],
+            "properties": {"attempt_id": {"type": "string"}, "success": {"type": "boolean"}}}}}}},
+    )
+    async def outcome(request: Request):
+        answer = await _outcome(request)
+        outcomes.labels(str(answer.status_code)).inc()
+        return answer
+
+    async def _outcome(request: Request) -> Response:
+        # As for frames: everything that can be refused is refused before the body is read.
+        if (denied := auth_error(request)) is not None:
+            return denied
+        if svc.recording is None:
+            return _error(409, "this service is not recording: start it with record_dir=DIR")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return _error(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_OUTCOME_BYTES):
+            return _error(413 if declared.isdigit() else 400,
+                          f"an outcome body is at most {MAX_OUTCOME_BYTES} bytes, got {declared}")
+        with anyio.move_on_after(limits.body_timeout_s) as body_scope:
+            try:
+                body, size = await _read_body(request, MAX_OUTCOME_BYTES)
+            except ClientDisconnect:
+                return _error(400, "client disconnected before sending the whole body")
+        if body_scope.cancelled_caught:
+            return _error(408, f"the body did not arrive within {limits.body_timeout_s:g} s", close=True)
+        if body is None:
+            return _error(413, f"an outcome body is at most {MAX_OUTCOME_BYTES} bytes")
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "the body is not JSON")
+        if not isinstance(obj, dict):
+            return _error(422, 'the body must be an object {"attempt_id": "...", "success": true|false}')
+        attempt_id, success = obj.get("attempt_id"), obj.get("success")
+        if not isinstance(attempt_id, str) or not attempt_id:
+            return _error(422, "attempt_id must be a non-empty string (the one /v1/grasp answered)")
+        if not isinstance(success, bool):
+            return _error(422, f"success must be true or false, got {success!r}")
+        try:
+            known = await anyio.to_thread.run_sync(svc.record_outcome, attempt_id, success)
+        except OSError as exc:
+            log.error("writing an outcome failed: %s", exc)
+            return _error(503, "the outcome could not be written; retry", {"Retry-After": "1"})
+        if not known:
+            return _error(404, f"no attempt {attempt_id!r} in this recording")
+        return JSONResponse({"recorded": True})
 
     app.add_middleware(_MetricsMiddleware, requests=requests, latency=latency)
     return app
@@ -591,8 +747,12 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrency=max_concurrency,
             repeats=dict(cfg.repeats),
             limits=limits,
+            record_dir=None if cfg.record_dir in (None, "") else str(cfg.record_dir),
+            record_max_attempts=config_number(cfg, "record_max_attempts", int, lo=1),
+            online=bool(cfg.online),
+            online_options=dict(cfg.online_options or {}),
         )
-    except (ArtifactError, CalibrationError, ValueError) as exc:
+    except (ArtifactError, CalibrationError, ValueError, OSError) as exc:
         raise CliError(prog, f"not starting: {exc}") from exc
     host = str(cfg.host)
     if not _is_loopback(host) and token is None:

@@ -587,6 +587,7 @@ class PolicyFrames(Dataset):
         out["image"] = torch.from_numpy(to_network_input(view_rgb)[0])
         out["view_rgb"] = torch.from_numpy(np.ascontiguousarray(view_rgb))
         out["index"] = torch.tensor(int(self.indices[i]))
+        out["real"] = torch.tensor(0.0)  # 1 for recorded real attempts (policies.finetune.RealAttempts)
         return out
 
 

@@ -729,7 +729,6 @@ def run_eval(cfg: DictConfig) -> dict:
     """What ``sim2real-eval`` does; returns the JSON it writes."""
     from perception.atomic import atomic_write_text
     from perception.calibration import default_calibration_path
-
     from perception.cli import config_number
 
     # Ranges before any work (ValueError names the key; the command exits 2).

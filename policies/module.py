@@ -83,7 +83,10 @@ def grasp_losses(
     sigma = float(c["height_trust_sigma"])
     if sigma > 0 and (step is None or step >= int(c["height_trust_after"])):
         h_err = (out["height"][:, 0] - batch["height_target"]).detach()
-        tq = tq * torch.exp(-((h_err / sigma) ** 2)).unsqueeze(1)
+        trust = torch.exp(-((h_err / sigma) ** 2))
+        if "real" in batch:  # a recorded real attempt has no height label to trust it by
+            trust = torch.where(batch["real"].view(-1, 1, 1) > 0, torch.ones_like(trust), trust)
+        tq = tq * trust.unsqueeze(1)
     bce = F.binary_cross_entropy_with_logits(logits, tq, reduction="none")
     w = wq * (1.0 + (float(c["pos_weight"]) - 1.0) * tq)
     label_loss = (w * bce).sum() / w.sum().clamp_min(1.0)

@@ -174,7 +174,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     sim_path, sim_res, sim_hash = stages.run("render", render_payload, make_render)
 
     # -- adaptation.
-    translator = None
+    translator, translator_path = None, None
     adapt_res: dict = {"adaptation": "none"}
     adapt_hash = "none"
     if str(cfg.adaptation.name) != "none":
@@ -204,6 +204,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         from adaptation.translate import Translator
 
         translator = Translator(str(adapt_path))
+        translator_path = str(adapt_path)
 
     # -- policy (training exports the artifact into the stage).
     from policies.train import train_policy
@@ -245,6 +246,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         from adaptation.translate import Translator
 
         translator = Translator(consistency_res["generator"])
+        translator_path = str(consistency_res["generator"])
         policy_res = {**policy_res, **consistency_res["policy"], "task_consistency": consistency_res["finetune"]}
 
     artifact = out / "artifact"
@@ -288,6 +290,11 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "stages": {k: {"wall_s": v["wall_s"], "reused": v["reused"], "hash": v["hash"]}
                    for k, v in stages.records.items()},
         "render": sim_res,
+        # What sim2real-finetune continues from: the sim frames, the translator the policy saw
+        # them through, the policy's resolved config.
+        "sim_dataset": str(sim_path),
+        "translator": translator_path,
+        "policy_config": p_cfg,
         "adapt": adapt_res,
         "policy": policy_res,
         "task_consistency": consistency_res,

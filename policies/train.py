@@ -25,7 +25,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from perception.atomic import atomic_write_text
 from policies.data import Translator, make_policy_datasets
@@ -100,6 +100,8 @@ def train_policy(
     callbacks: Sequence[pl.Callback] = (),
     init_from: str | Path | None = None,
     mixed_calibrations: bool = False,
+    extra_train: Dataset | None = None,
+    extra_fraction: float = 0.0,
 ) -> dict:
     """Train the policy with a Lightning ``Trainer``, save it, and export the artifact.
 
@@ -120,6 +122,9 @@ def train_policy(
             ``ckpt_path``) training starts from ``policy.base`` when set (:mod:`policies.base`).
         mixed_calibrations: folders rendered for different cameras, each seen in the view
             of its own calibration (the base's training; the artifact is the first's).
+        extra_train: more training items with the sim items' keys (recorded real attempts,
+            :class:`policies.finetune.RealAttempts`), drawn as ``extra_fraction`` of each
+            epoch's items (with replacement; the sim frames make up the rest).
 
     Returns:
         ``checkpoint``, ``artifact`` (or ``None``), ``config``, ``metrics`` (final ``val/...``,
@@ -153,7 +158,18 @@ def train_policy(
     bs = int(pcfg.batch_size)
     nw = int(pcfg.get("num_workers", 0))
     loader_kw = {"num_workers": nw, "persistent_workers": nw > 0}
-    train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs, **loader_kw)
+    if extra_train is not None and len(extra_train) and extra_fraction > 0:
+        from torch.utils.data import ConcatDataset, WeightedRandomSampler
+
+        n_sim, n_extra = len(train_ds), len(extra_train)
+        f = min(max(float(extra_fraction), 0.0), 1.0)
+        weights = torch.cat([torch.full((n_sim,), (1.0 - f) / n_sim), torch.full((n_extra,), f / n_extra)])
+        sampler = WeightedRandomSampler(weights, num_samples=n_sim + n_extra, replacement=True,
+                                        generator=torch.Generator().manual_seed(int(seed)))
+        train_loader = DataLoader(ConcatDataset([train_ds, extra_train]), batch_size=bs, sampler=sampler,
+                                  drop_last=n_sim + n_extra >= bs, **loader_kw)
+    else:
+        train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs, **loader_kw)
     val_loader = DataLoader(val_ds, batch_size=bs, shuffle=False, **loader_kw) if val_ds is not None else None
 
     pcfg_dict = OmegaConf.to_container(pcfg, resolve=True)

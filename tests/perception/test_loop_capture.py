@@ -16,8 +16,9 @@ from perception.artifact import PolicyRunner
 from perception.cameras import ReplayCamera, ThreadedCamera
 from perception.capture import main as capture_main
 from perception.imageio import read_image, write_image
-from perception.loop import AttemptRecorder, GraspLoop, LoopConfig, load_attempts
+from perception.loop import GraspLoop, LoopConfig, load_attempts
 from perception.loop import main as loop_main
+from perception.recording import Recording
 from perception.robots import (
     DryRunRobot,
     GraspRequest,
@@ -100,7 +101,7 @@ def test_loop_records_attempts_with_http_callback(tmp_path, frames_dir, artifact
     assert len(list((out / "debug").glob("*.jpg"))) == 3
     assert json.loads((out / "last_session.json").read_text())["attempts"] == 3
     # A second session continues the numbering in the same folder.
-    rec = AttemptRecorder(out)
+    rec = Recording(out)
     assert rec.next_id == 4
     rec.close()
 
@@ -133,7 +134,7 @@ def test_loop_rate_limit_and_stale_frames(artifact_dir, frames_dir):
 def test_loop_threshold_blocks_everything(artifact_dir, frames_dir, tmp_path):
     runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
     robot = DryRunRobot()
-    rec = AttemptRecorder(tmp_path / "att")
+    rec = Recording(tmp_path / "att")
     with ThreadedCamera(ReplayCamera(frames_dir, fps=30)) as cam:
         stats = GraspLoop(cam, runner, robot, rec, LoopConfig(rate_hz=100, quality_threshold=1.0, max_steps=3)).run()
     rec.close()

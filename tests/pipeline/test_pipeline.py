@@ -222,3 +222,80 @@ def test_an_interrupted_stage_resumes_from_what_it_finished(tmp_path):
     seen.clear()
     Stages(tmp_path, reuse=False).run("render", {"n": 5}, lambda d: seen.append(sorted(os.listdir(d))) or {})
     assert seen == [[]]
+
+
+@pytest.mark.slow
+def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_path):
+    """Contract section 7 end to end: the tiny run's service records attempts a PyBullet cell
+    executes (outcomes through POST /v1/outcome), sim2real-finetune trains on them, and the
+    new artifact is served."""
+    import signal
+
+    import httpx
+
+    from perception.imageio import encode_image
+    from perception.recording import load_attempts
+    from perception.robots import GraspRequest
+    from perception.testing import free_port, wait_until_healthy
+    from sim_render.sim_robot import SimCell
+
+    out, rec = tiny_run["out"], tmp_path / "rec"
+
+    def serve(artifact, *extra):
+        port = free_port()
+        proc = subprocess.Popen([str(BIN / "sim2real-serve"), f"artifact={artifact}", f"port={port}", "threads=1",
+                                 "log_level=warning", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        url = f"http://127.0.0.1:{port}"
+        wait_until_healthy(url, proc, timeout=60)
+        return proc, url
+
+    # A zero threshold: the tiny policy answers a grasp on every frame, right or wrong.
+    proc, url = serve(out / "artifact", f"record_dir={rec}", "quality_threshold=0.0")
+    cell = SimCell(seed=11)
+    try:
+        with httpx.Client(timeout=30) as c:
+            for _ in range(16):
+                ans = c.post(url + "/v1/grasp", content=encode_image(cell.render(), "png"),
+                             headers={"Content-Type": "image/png"}).json()
+                assert ans["grasp"] is not None and ans["attempt_id"]
+                from perception.grasp import Grasp
+
+                g = ans["grasp"]
+                outcome = cell.execute(GraspRequest(1, Grasp(tuple(g["position"]), g["yaw"], g["width"], g["quality"])))
+                r = c.post(url + "/v1/outcome", json={"attempt_id": ans["attempt_id"], "success": bool(outcome.success)})
+                assert r.status_code == 200
+    finally:
+        cell.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert len([a for a in load_attempts(rec) if a["outcome"] is not None]) == 16
+
+    ft = tmp_path / "ft"
+    t0 = time.perf_counter()
+    _run("sim2real-finetune", f"run_dir={out}", f"recordings=[{rec}]", f"output_dir={ft}", "budget=tiny", "seed=0")
+    wall = time.perf_counter() - t0
+    report = json.loads((ft / "report.json").read_text())
+    assert report["attempts"]["with_outcome"] == 16 and report["attempts"]["check"] >= 1
+    for side in ("before", "after"):
+        chk = report["check"][side]
+        assert chk["attempts"] == report["attempts"]["check"] and 0.0 <= chk["null_rate"] <= 1.0
+        assert sum(b["attempts"] for b in chk["calibration"]) == chk["attempts"]
+    assert report["training"]["global_step"] > 0 and wall < 300
+    proc, url = serve(ft / "artifact")
+    try:
+        frame = encode_image(SimCell(seed=12).render(), "png")
+        assert httpx.post(url + "/v1/grasp", content=frame, headers={"Content-Type": "image/png"},
+                          timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    # Refused with a message and exit 2: no outcomes; no run.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = subprocess.run([str(BIN / "sim2real-finetune"), f"run_dir={out}", f"recordings=[{empty}]",
+                          f"output_dir={tmp_path / 'x'}"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "no recorded attempt with an outcome" in res.stderr
+    res = subprocess.run([str(BIN / "sim2real-finetune"), f"run_dir={tmp_path}", f"recordings=[{rec}]",
+                          f"output_dir={tmp_path / 'x'}"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "report.json" in res.stderr

@@ -1,0 +1,350 @@
+"""``sim2real-finetune``: fine-tune a pipeline run's policy on the cell's own recorded attempts.
+
+    sim2real-finetune run_dir=DIR recordings=[DIR,...] output_dir=DIR budget=tiny|small seed=N
+
+(docs/robot_cell.md section 7.) A recorded attempt is one grasp on one real frame, with the
+robot's word on whether it lifted something: a sparse label (one pixel and one angle of
+the quality map), where the sim data labels every frame densely. So the run's policy
+trains on both at once, from its own weights: a share ``real_fraction`` of each batch's
+items are real attempts (their quality at the answered pixel and angle, nothing else), the
+rest the run's sim frames (translated as the run trained on them), so that nothing it
+learnt in sim is forgotten. A recording of failures only teaches where not to grasp; the
+sim frames keep the policy answering elsewhere.
+
+The check: the attempts, in the order they were recorded, split into contiguous blocks;
+the last ``check_fraction`` of them is held out, with a guard band of ``guard_attempts``
+left out of training before it (retries on one scene are near-duplicates and must not
+straddle the split). On the check block ``report.json`` compares the run's artifact and the
+new one: the predicted quality at each recorded grasp against its outcome (ROC AUC and a
+calibration curve), and how often each answers no grasp on those frames.
+
+Writes ``output_dir/artifact/`` (the format ``sim2real-serve`` loads), ``output_dir/report.json``
+and the training's folder ``output_dir/train/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import Dataset
+
+from perception.atomic import atomic_write_text
+from perception.calibration import Calibration
+from perception.geometry import NetworkView
+from perception.recording import load_attempts, load_header
+
+__all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
+           "finetune", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class FinetuneError(ValueError):
+    """Recordings that cannot be fine-tuned on (the command exits 2 with the message)."""
+
+
+def load_labelled_attempts(recordings: Sequence[str | Path], calib: Calibration) -> list[dict]:
+    """The attempts of ``recordings`` with a grasp and an outcome, in order, each with ``_dir``.
+
+    Raises:
+        FinetuneError: a missing folder, a recording of another calibration or image size,
+            or no attempt with an outcome at all.
+    """
+    out: list[dict] = []
+    for rec in recordings:
+        rec = Path(rec)
+        if not rec.is_dir():
+            raise FinetuneError(f"recording {rec} is not a folder")
+        header = load_header(rec) or {}
+        size = header.get("image_size")
+        if size is not None and list(size) != list(calib.image_size):
+            raise FinetuneError(f"recording {rec} has frames of {size}; this run's camera gives "
+                                f"{list(calib.image_size)}: record with this run's calibration")
+        digests = {header.get("calibration_digest")} | {a.get("calibration_digest") for a in load_attempts(rec)}
+        digests.discard(None)
+        if digests and digests != {calib.digest()}:
+            raise FinetuneError(f"recording {rec} was made with another calibration ({sorted(digests)}) than this "
+                                f"run's ({calib.digest()}): fine-tune the run trained with that camera")
+        for a in load_attempts(rec):
+            outcome = a.get("outcome") or {}
+            if a.get("grasp") is None or a.get("view_pixel") is None or not isinstance(outcome.get("success"), bool):
+                continue
+            out.append({**a, "_dir": str(rec)})
+    if not out:
+        raise FinetuneError(f"no recorded attempt with an outcome in {[str(r) for r in recordings]}: report "
+                            "outcomes (POST /v1/outcome, or the loop's robot adapter) before fine-tuning")
+    return out
+
+
+def split_blocks(n: int, check_fraction: float, guard: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and check indices of ``n`` attempts in recording order: the last ``check_fraction``
+    (at least one) is the check block, the ``guard`` before it are left out of both."""
+    n_check = max(1, int(round(n * float(check_fraction)))) if n > 1 and check_fraction > 0 else 0
+    check = np.arange(n - n_check, n)
+    train = np.arange(0, max(0, n - n_check - int(guard)))
+    if len(train) == 0 and n_check:  # too few to hold any out: train on all, check on all (said in the report)
+        return np.arange(n), np.arange(n)
+    return train, check
+
+
+def _label_bin(attempt: dict, calib: Calibration, view: NetworkView, angle_bins: int) -> tuple[int, int, int]:
+    """``(angle_bin, v, u)`` of an attempt's grasp in the view."""
+    from perception.grasp import angle_to_bin, base_grasp_to_view
+
+    g = attempt["grasp"]
+    uv, angle, _ = base_grasp_to_view(np.asarray(g["position"]), float(g["yaw"]), float(g["width"]), calib, view)
+    W, H = view.size
+    u, v = (int(np.clip(round(float(c)), 0, s - 1)) for c, s in zip(uv[0], (W, H)))
+    return int(angle_to_bin(float(angle[0]), angle_bins)), v, u
+
+
+def _read_frame(attempt: dict) -> np.ndarray:
+    from perception.imageio import read_image
+
+    return read_image(Path(attempt["_dir"]) / attempt["frame"])
+
+
+class RealAttempts(Dataset):
+    """Recorded attempts as :class:`policies.data.PolicyFrames`-like items.
+
+    The target is the outcome at the answered grasp's pixel and angle bin (and its 3x3
+    neighbourhood, the grasp's own spread); every other entry has weight 0. ``real`` is 1
+    (the loss does not discount these labels by the predicted height: there is no height
+    label for them).
+    """
+
+    def __init__(self, attempts: Sequence[dict], calib: Calibration, view: NetworkView, angle_bins: int,
+                 label_weight: float = 1.0) -> None:
+        from perception.preprocess import preprocess
+
+        self.calib, self.view, self.angle_bins = calib, view, int(angle_bins)
+        self.label_weight = float(label_weight)
+        self.items = []
+        for a in attempts:
+            view_rgb = preprocess(_read_frame(a), calib, view)
+            self.items.append((view_rgb, _label_bin(a, calib, view, self.angle_bins), bool(a["outcome"]["success"])))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        from perception.preprocess import to_network_input
+
+        view_rgb, (a, v, u), success = self.items[i]
+        W, H = self.view.size
+        A = self.angle_bins
+        tq = np.zeros((A, H, W), np.float32)
+        wq = np.zeros((A, H, W), np.float32)
+        vs, us = slice(max(0, v - 1), v + 2), slice(max(0, u - 1), u + 2)
+        tq[a, vs, us] = float(success)
+        wq[a, vs, us] = self.label_weight
+        zeros, false = np.zeros((H, W), np.float32), np.zeros((H, W), bool)
+        t = {"quality_target": tq, "quality_weight": wq, "dense_negative": false, "width_target": zeros,
+             "width_mask": false, "height_target": zeros, "height_weight": zeros, "surface_target": zeros,
+             "surface_weight": zeros, "object_mask": false}
+        out = {k: torch.from_numpy(np.ascontiguousarray(x)) for k, x in t.items()}
+        out["image"] = torch.from_numpy(to_network_input(view_rgb)[0])
+        out["view_rgb"] = torch.from_numpy(np.ascontiguousarray(view_rgb))
+        out["index"] = torch.tensor(-1 - i)
+        out["real"] = torch.tensor(1.0)
+        return out
+
+
+def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """The area under the ROC curve (Mann-Whitney, ties count half); ``None`` with one class only."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(greater / (len(pos) * len(neg)))
+
+
+def calibration_curve(scores: Sequence[float], labels: Sequence[bool], bins: int = 5) -> list[dict]:
+    """Per quality band of width ``1 / bins``: attempts, mean predicted quality, observed success rate."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    idx = np.clip((s * bins).astype(int), 0, bins - 1)
+    out = []
+    for b in range(bins):
+        m = idx == b
+        out.append({"band": [b / bins, (b + 1) / bins], "attempts": int(m.sum()),
+                    "mean_quality": float(s[m].mean()) if m.any() else None,
+                    "success_rate": float(y[m].mean()) if m.any() else None})
+    return out
+
+
+def check_block(artifact: str | Path, attempts: Sequence[dict], calib: Calibration) -> dict:
+    """An artifact on the held-out attempts: quality at each recorded grasp against its outcome,
+    and its own answers on those frames (null rate)."""
+    from perception.artifact import PolicyRunner
+    from perception.decode import decode_grasp
+
+    runner = PolicyRunner(artifact, calib)
+    scores, labels, nulls = [], [], 0
+    for a in attempts:
+        raw = _read_frame(a)
+        maps = runner.infer(raw)
+        ab, v, u = _label_bin(a, calib, runner.view, runner.meta.angle_bins)
+        scores.append(float(maps.quality[ab, v, u]))
+        labels.append(bool(a["outcome"]["success"]))
+        dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
+                           runner.meta.quality_threshold, surface=maps.surface, **runner.meta.decode)
+        nulls += dec.grasp is None
+    n = len(attempts)
+    return {"attempts": n, "successes": int(sum(labels)), "auc": roc_auc(scores, labels),
+            "calibration": calibration_curve(scores, labels), "null_rate": nulls / n if n else None,
+            "mean_quality": float(np.mean(scores)) if n else None}
+
+
+def finetune(cfg: DictConfig) -> dict:
+    """What ``sim2real-finetune`` does; returns ``report.json``'s content."""
+    from perception.cli import config_number
+    from policies.train import train_policy
+
+    t0 = time.perf_counter()
+    run_dir = Path(str(cfg.run_dir or ""))
+    if not cfg.run_dir or not (run_dir / "report.json").is_file():
+        raise FinetuneError(f"run_dir={cfg.run_dir}: not the output_dir of a finished sim2real-pipeline run "
+                            "(no report.json there)")
+    if not cfg.recordings:
+        raise FinetuneError("recordings=[DIR,...] is required: the folders sim2real-serve record_dir= or "
+                            "sim2real-grasp-loop out_dir= wrote")
+    if not cfg.output_dir:
+        raise FinetuneError("output_dir=DIR is required")
+    # The settings, and the budget's training time on top of them.
+    f = OmegaConf.merge(cfg.finetune, cfg.budget.finetune)
+    for key, lo in (("real_fraction", 0.0), ("check_fraction", 0.0)):
+        config_number(f, key, float, lo=lo, hi=1)
+    config_number(f, "guard_attempts", int, lo=0)
+    config_number(f, "max_time_s", float, lo=0, lo_open=True)
+    run = _rebased(json.loads((run_dir / "report.json").read_text()), run_dir)
+    if not run.get("sim_dataset"):
+        raise FinetuneError(f"{run_dir}/report.json is from an older sim2real-pipeline (no sim_dataset): rerun the "
+                            "pipeline (its stages are reused) to fine-tune it")
+    calib = Calibration.load(run["calibration"])
+    attempts = load_labelled_attempts([str(r) for r in cfg.recordings], calib)
+    train_idx, check_idx = split_blocks(len(attempts), float(f.check_fraction), int(f.guard_attempts))
+    train_att = [attempts[i] for i in train_idx]
+    check_att = [attempts[i] for i in check_idx]
+    log.info("finetune: %d attempts with an outcome (%d successes): %d train, %d check", len(attempts),
+             sum(a["outcome"]["success"] for a in attempts), len(train_att), len(check_att))
+
+    policy = run["policy"]
+    p_cfg = dict(run.get("policy_config") or {**run["config"]["policy"], **run["config"]["budget"]["policy"]})
+    p_cfg.update({"max_time_s": float(f.max_time_s), "max_steps": int(f.max_steps),
+                  "val_every_n_steps": int(f.val_every_n_steps), "base": None})
+    if "optim" in f:
+        p_cfg["optim"] = {**(p_cfg.get("optim") or {}), **OmegaConf.to_container(f.optim, resolve=True)}
+    view = NetworkView.from_dict(json.loads((Path(run["artifact"]) / "metadata.json").read_text())["view"])
+    real = RealAttempts(train_att, calib, view, int(p_cfg["angle_bins"]), float(f.label_weight))
+    translator = None
+    if run.get("translator"):
+        from adaptation.translate import Translator
+
+        translator = Translator(run["translator"])
+    out = Path(str(cfg.output_dir))
+    summary = train_policy(
+        OmegaConf.create({"policy": p_cfg, "seed": int(cfg.seed), "logger": OmegaConf.to_container(cfg.logger)}),
+        [run["sim_dataset"]], out / "train", translator=translator, seed=int(cfg.seed),
+        init_from=policy["checkpoint"], extra_train=real, extra_fraction=float(f.real_fraction),
+    )
+    artifact = _install_artifact(Path(summary["artifact"]), out / "artifact")
+    before = check_block(run["artifact"], check_att, calib)
+    after = check_block(artifact, check_att, calib)
+    report = {
+        "run_dir": str(run_dir), "recordings": [str(r) for r in cfg.recordings], "artifact": str(artifact),
+        "budget": str(cfg.budget.name), "seed": int(cfg.seed), "calibration": run["calibration"],
+        "attempts": {"with_outcome": len(attempts), "successes": int(sum(a["outcome"]["success"] for a in attempts)),
+                     "train": len(train_att), "check": len(check_att),
+                     "held_out": bool(set(train_idx.tolist()).isdisjoint(check_idx.tolist()))},
+        "check": {"before": before, "after": after},
+        "training": {k: summary[k] for k in ("global_step", "train_time_s", "n_train_frames", "metrics")},
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "wall_s": time.perf_counter() - t0,
+    }
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    return report
+
+
+def _rebased(run: dict, run_dir: Path) -> dict:
+    """The run's paths, moved with its folder: a path under the output_dir it was written in
+    that no longer exists is looked up under ``run_dir`` (a run folder can be copied or moved)."""
+    old = Path(str((run.get("config") or {}).get("output_dir") or run_dir))
+
+    def move(p: Any) -> Any:
+        if not isinstance(p, str) or not p or Path(p).exists():
+            return p
+        for base in (old, old.resolve()):
+            try:
+                return str(run_dir / Path(p).relative_to(base))
+            except ValueError:
+                continue
+        return p
+
+    run = dict(run)
+    for key in ("artifact", "sim_dataset", "translator", "calibration"):
+        run[key] = move(run.get(key))
+    run["policy"] = {**run["policy"], "checkpoint": move(run["policy"]["checkpoint"])}
+    return run
+
+
+def _install_artifact(src: Path, dst: Path) -> Path:
+    """Copy the trained artifact to ``dst`` whole (a half-copied artifact is never left there)."""
+    import shutil
+
+    tmp = dst.with_name(dst.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+    return dst
+
+
+def _summary(report: dict) -> str:
+    b, a = report["check"]["before"], report["check"]["after"]
+
+    def fmt(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "
+            f"AUC {fmt(b['auc'])} -> {fmt(a['auc'])}, null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])}; "
+            f"artifact {report['artifact']} ({report['wall_s']:.0f} s)")
+
+
+@hydra.main(config_path="pkg://conf", config_name="finetune", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from perception.artifact import ArtifactError
+    from perception.calibration import CalibrationError
+
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        report = finetune(cfg)
+    except (FinetuneError, ArtifactError, CalibrationError, ValueError, OSError) as exc:
+        print(f"sim2real-finetune: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(_summary(report))
+
+
+def main() -> None:
+    from perception.cli import hydra_command_checks
+    from perception.cliutil import check_writable_dir_args
+
+    hydra_command_checks("finetune", "sim2real-finetune", __doc__ or "", sys.argv[1:])
+    check_writable_dir_args("sim2real-finetune", sys.argv[1:])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
