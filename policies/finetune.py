@@ -222,7 +222,8 @@ def finetune(cfg: DictConfig) -> dict:
     if not cfg.output_dir:
         raise FinetuneError("output_dir=DIR is required")
     # The settings, and the budget's training time on top of them.
-    f = OmegaConf.merge(cfg.finetune, cfg.budget.finetune)
+    f = OmegaConf.merge(OmegaConf.to_container(cfg.finetune, resolve=True),
+                        OmegaConf.to_container(cfg.budget.finetune, resolve=True))
     for key, lo in (("real_fraction", 0.0), ("check_fraction", 0.0)):
         config_number(f, key, float, lo=lo, hi=1)
     config_number(f, "guard_attempts", int, lo=0)
