@@ -28,20 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perception.calibration import Calibration  # noqa: E402
-from policies.evaluate import OnnxPolicy, evaluate, load_profile, wilson_interval  # noqa: E402
+from policies.evaluate import OnnxPolicy, evaluate, load_profile, newcombe_interval, wilson_interval  # noqa: E402
 
 FAMILIES = ("spectral", "dead_leaves", "cells", "speckle", "strokes")
-
-
-def newcombe(s1: int, n1: int, s2: int, n2: int) -> tuple[float, float, float]:
-    """p1 - p2 and its 95% interval (Newcombe's hybrid score), in points."""
-    l1, u1 = wilson_interval(s1, n1)
-    l2, u2 = wilson_interval(s2, n2)
-    p1, p2 = s1 / max(n1, 1), s2 / max(n2, 1)
-    d = p1 - p2
-    lo = d - ((p1 - l1) ** 2 + (u2 - p2) ** 2) ** 0.5
-    hi = d + ((u1 - p1) ** 2 + (p2 - l2) ** 2) ** 0.5
-    return 100 * d, 100 * lo, 100 * hi
 
 
 def domain(family: str, only: bool) -> object:
@@ -82,7 +71,7 @@ def main() -> int:
     for label, a, b in ((f"held out: {only} minus the others", ("held out", only), ("held out", others)),
                         (f"{only}: held out minus reference", ("held out", only), ("reference", only)),
                         ("the others: held out minus reference", ("held out", others), ("reference", others))):
-        d, lo, hi = newcombe(*rows[a], *rows[b])
+        d, lo, hi = (100 * v for v in newcombe_interval(*rows[a], *rows[b]))
         print(f"- {label}: {d:+.1f} points [{lo:+.1f}, {hi:+.1f}]")
     if args.json:
         Path(args.json).write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in rows.items()}, indent=1) + "\n")

@@ -45,7 +45,7 @@ from perception.imageio import decode_image, encode_image  # noqa: E402
 from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
 from perception.testing import (  # noqa: E402
     free_port,
-    resident_memory_bytes,  # noqa: E402
+    resident_memory_bytes,
     scan_bomb_jpeg,
     wait_until_healthy,
 )

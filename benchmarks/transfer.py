@@ -27,26 +27,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from policies.evaluate import newcombe_interval as newcombe
 from policies.evaluate import wilson_interval as wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- transfer:begin -->", "<!-- transfer:end -->"
-
-
-def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float, float]:
-    """Difference ``p1 - p2`` and its Newcombe hybrid-score 95% interval."""
-    p1, p2 = k1 / max(n1, 1), k2 / max(n2, 1)
-    l1, u1 = wilson(k1, n1)
-    l2, u2 = wilson(k2, n2)
-    d = p1 - p2
-    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
 
 def run_cell(cell: Path, checkout: Path, work: Path, seed: int, args: argparse.Namespace, first: Path | None) -> Path:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "default_dir_mode", "default_file_mode"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "default_dir_mode", "default_file_mode",
+           "replace_tree"]
 
 
 def _umask() -> int:
@@ -64,3 +65,23 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def replace_tree(src: str | Path, dst: str | Path) -> Path:
+    """Copy the folder ``src`` to ``dst``, replacing what was there.
+
+    The copy is made beside ``dst`` (``.NAME.tmp``) and renamed into place, so a copy cut
+    off midway never stands at ``dst`` (an artifact is either the old one or the new one,
+    whole; between the two renames there is briefly none).
+    """
+    import shutil
+
+    dst = Path(dst)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+    return dst

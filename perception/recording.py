@@ -124,8 +124,8 @@ class Recording:
             calibration or image size is refused (``RecordingError``): fine-tuning needs one
             camera per recording. ``None``: not checked (and not written into the header).
         debug_images: also write ``debug/attempt_NNNNNN.jpg`` with the grasp drawn.
-        max_attempts: the disk cap: past it :meth:`full` is true and nothing more is
-            recorded (the caller keeps working). ``None``: no cap.
+        max_attempts: the disk cap: past it :meth:`reserve` gives no number and nothing
+            more is recorded (the caller keeps working). ``None``: no cap.
         source: who records (``loop``, ``serve``), in the header's list of sessions.
     """
 
@@ -177,26 +177,24 @@ class Recording:
     def count(self) -> int:
         return len(self.ids)
 
-    @property
-    def full(self) -> bool:
-        return self.max_attempts is not None and self.count >= self.max_attempts
+    def _take_id(self) -> int:  # under self._lock
+        i = self.next_id
+        self.next_id += 1
+        return i
 
     def new_id(self) -> int:
-        """The next attempt number (its string id: :func:`attempt_key`)."""
+        """The next attempt number (its string id: :func:`attempt_key`); the cap does not apply."""
         with self._lock:
-            i = self.next_id
-            self.next_id += 1
-            return i
+            return self._take_id()
 
     def reserve(self) -> int | None:
-        """The next attempt number, or ``None`` at the cap (concurrent callers never pass it)."""
+        """The next attempt number, or ``None`` at the cap (concurrent callers never pass it);
+        :meth:`release` it once recorded."""
         with self._lock:
             if self.max_attempts is not None and len(self.ids) + self._reserved >= self.max_attempts:
                 return None
             self._reserved += 1
-            i = self.next_id
-            self.next_id += 1
-            return i
+            return self._take_id()
 
     def _append(self, fh: IO[str], line: dict) -> None:
         with self._lock:

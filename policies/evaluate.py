@@ -90,6 +90,16 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def newcombe_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float, float]:
+    """The difference ``k1/n1 - k2/n2`` of two proportions and its 95% interval
+    (Newcombe's hybrid score, from their :func:`wilson_interval` s)."""
+    p1, p2 = k1 / max(n1, 1), k2 / max(n2, 1)
+    l1, u1 = wilson_interval(k1, n1)
+    l2, u2 = wilson_interval(k2, n2)
+    d = p1 - p2
+    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
 # ----------------------------------------------------------------------------- policies
 @dataclass
 class EvalContext:

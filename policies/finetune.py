@@ -38,7 +38,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
-from perception.atomic import atomic_write_text
+from perception.atomic import atomic_write_text, replace_tree
 from perception.calibration import Calibration
 from perception.geometry import NetworkView
 from perception.recording import load_attempts, load_header
@@ -70,14 +70,16 @@ def load_labelled_attempts(recordings: Sequence[str | Path], calib: Calibration)
         if size is not None and list(size) != list(calib.image_size):
             raise FinetuneError(f"recording {rec} has frames of {size}; this run's camera gives "
                                 f"{list(calib.image_size)}: record with this run's calibration")
-        digests = {header.get("calibration_digest")} | {a.get("calibration_digest") for a in load_attempts(rec)}
+        attempts = load_attempts(rec)
+        digests = {header.get("calibration_digest")} | {a.get("calibration_digest") for a in attempts}
         digests.discard(None)
         if digests and digests != {calib.digest()}:
             raise FinetuneError(f"recording {rec} was made with another calibration ({sorted(digests)}) than this "
                                 f"run's ({calib.digest()}): fine-tune the run trained with that camera")
-        for a in load_attempts(rec):
+        for a in attempts:
             outcome = a.get("outcome") or {}
-            if a.get("grasp") is None or a.get("view_pixel") is None or not isinstance(outcome.get("success"), bool):
+            if (a.get("grasp") is None or a.get("view_pixel") is None or not a.get("frame")
+                    or not isinstance(outcome.get("success"), bool)):
                 continue
             out.append({**a, "_dir": str(rec)})
     if not out:
@@ -183,16 +185,15 @@ def calibration_curve(scores: Sequence[float], labels: Sequence[bool], bins: int
     return out
 
 
-def check_block(artifact: str | Path, attempts: Sequence[dict], calib: Calibration) -> dict:
-    """An artifact on the held-out attempts: quality at each recorded grasp against its outcome,
-    and its own answers on those frames (null rate)."""
+def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence[np.ndarray], calib: Calibration) -> dict:
+    """An artifact on the held-out attempts (``frames``: their raw frames): quality at each
+    recorded grasp against its outcome, and its own answers on those frames (null rate)."""
     from perception.artifact import PolicyRunner
     from perception.decode import decode_grasp
 
     runner = PolicyRunner(artifact, calib)
     scores, labels, nulls = [], [], 0
-    for a in attempts:
-        raw = _read_frame(a)
+    for a, raw in zip(attempts, frames):
         maps = runner.infer(raw)
         ab, v, u = _label_bin(a, calib, runner.view, runner.meta.angle_bins)
         scores.append(float(maps.quality[ab, v, u]))
@@ -228,7 +229,15 @@ def finetune(cfg: DictConfig) -> dict:
         config_number(f, key, float, lo=lo, hi=1)
     config_number(f, "guard_attempts", int, lo=0)
     config_number(f, "max_time_s", float, lo=0, lo_open=True)
-    run = _rebased(json.loads((run_dir / "report.json").read_text()), run_dir)
+    try:
+        run = json.loads((run_dir / "report.json").read_text())
+        missing = [k for k in ("calibration", "artifact", "policy") if k not in run]
+        if missing or "checkpoint" not in run["policy"]:
+            raise KeyError(", ".join(missing) or "policy.checkpoint")
+        run = _rebased(run, run_dir)
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise FinetuneError(f"{run_dir}/report.json is not a sim2real-pipeline report ({type(exc).__name__}: "
+                            f"{exc})") from None
     if not run.get("sim_dataset"):
         raise FinetuneError(f"{run_dir}/report.json is from an older sim2real-pipeline (no sim_dataset): rerun the "
                             "pipeline (its stages are reused) to fine-tune it")
@@ -259,9 +268,10 @@ def finetune(cfg: DictConfig) -> dict:
         [run["sim_dataset"]], out / "train", translator=translator, seed=int(cfg.seed),
         init_from=policy["checkpoint"], extra_train=real, extra_fraction=float(f.real_fraction),
     )
-    artifact = _install_artifact(Path(summary["artifact"]), out / "artifact")
-    before = check_block(run["artifact"], check_att, calib)
-    after = check_block(artifact, check_att, calib)
+    artifact = replace_tree(summary["artifact"], out / "artifact")
+    check_frames = [_read_frame(a) for a in check_att]  # read once for both artifacts
+    before = check_block(run["artifact"], check_att, check_frames, calib)
+    after = check_block(artifact, check_att, check_frames, calib)
     report = {
         "run_dir": str(run_dir), "recordings": [str(r) for r in cfg.recordings], "artifact": str(artifact),
         "budget": str(cfg.budget.name), "seed": int(cfg.seed), "calibration": run["calibration"],
@@ -299,26 +309,10 @@ def _rebased(run: dict, run_dir: Path) -> dict:
     return run
 
 
-def _install_artifact(src: Path, dst: Path) -> Path:
-    """Copy the trained artifact to ``dst`` whole (a half-copied artifact is never left there)."""
-    import shutil
-
-    tmp = dst.with_name(dst.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(src, tmp)
-    if dst.exists():
-        shutil.rmtree(dst)
-    tmp.rename(dst)
-    return dst
-
-
 def _summary(report: dict) -> str:
+    from policies.report import format_number as fmt
+
     b, a = report["check"]["before"], report["check"]["after"]
-
-    def fmt(v: Any) -> str:
-        return "n/a" if v is None else f"{v:.3f}"
-
     return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "
             f"AUC {fmt(b['auc'])} -> {fmt(a['auc'])}, null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])}; "
             f"artifact {report['artifact']} ({report['wall_s']:.0f} s)")

@@ -27,7 +27,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from perception.atomic import atomic_write_text
+from perception.atomic import atomic_write_text, replace_tree
 from perception.calibration import Calibration, CalibrationError, default_calibration_path
 from perception.cliutil import check_writable_dir_args, fail
 from sim_render.api import to_plain
@@ -249,14 +249,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         translator_path = str(consistency_res["generator"])
         policy_res = {**policy_res, **consistency_res["policy"], "task_consistency": consistency_res["finetune"]}
 
-    artifact = out / "artifact"
-    tmp = out / ".artifact.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(policy_res["artifact"], tmp)
-    if artifact.exists():
-        shutil.rmtree(artifact)
-    tmp.rename(artifact)
+    artifact = replace_tree(policy_res["artifact"], out / "artifact")
 
     # -- evaluation in the twin: every domain, plus the brackets.
     from policies.evaluate import OnnxPolicy, evaluate_domains

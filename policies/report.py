@@ -146,7 +146,8 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
     atomic_write_text(out / "report.md", "\n".join(md))
 
 
-def _fmt(v: Any, digits: int = 3) -> str:
+def format_number(v: Any, digits: int = 3) -> str:
+    """A score for a table: ``n/a`` when missing, floats with ``digits`` decimals."""
     return "n/a" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
@@ -158,21 +159,21 @@ def adaptation_section(a: dict) -> list[str]:
     d, c = a.get("distance") or {}, a.get("content") or {}
     md = ["", "## Adaptation", "",
           f"`{a.get('adaptation')}` with the `{a.get('generator_name')}` generator: {a.get('steps')} steps, best at "
-          f"step {a.get('best_step')}, {_fmt(a.get('wall_time_s'), 0)} s.", "",
+          f"step {a.get('best_step')}, {format_number(a.get('wall_time_s'), 0)} s.", "",
           "Distance to the real frames (SWD: the sliced Wasserstein distance of 7x7 Laplacian-pyramid patches, x1000, "
           "on held-out real frames; lower is closer):", "",
           "| | SWD |", "|---|---|",
-          f"| raw sim frames to real | {_fmt(d.get('sim_real'))} |",
-          f"| adapted frames to real (best checkpoint) | {_fmt(d.get('adapted_real'))} |",
-          f"| adapted / raw (below 1: the translation moved sim toward real) | {_fmt(d.get('ratio'))} |",
-          f"| adapted frames to real (last step) | {_fmt(d.get('adapted_real_last'))} |", "",
+          f"| raw sim frames to real | {format_number(d.get('sim_real'))} |",
+          f"| adapted frames to real (best checkpoint) | {format_number(d.get('adapted_real'))} |",
+          f"| adapted / raw (below 1: the translation moved sim toward real) | {format_number(d.get('ratio'))} |",
+          f"| adapted frames to real (last step) | {format_number(d.get('adapted_real_last'))} |", "",
           "Content kept (a segmentation probe trained on raw sim, run on the adapted frames, against the sim "
           "labels; the raw-sim column is the probe on the frames it knows, the most to expect):", "",
           "| | adapted | raw sim |", "|---|---|---|",
-          f"| object IoU | {_fmt(c.get('object_iou'))} | {_fmt(c.get('sim_object_iou'))} |",
-          f"| objects found (instance recall) | {_fmt(c.get('instance_recall'))} | "
-          f"{_fmt(c.get('sim_instance_recall'))} |",
-          f"| mean IoU over classes | {_fmt(c.get('mean_iou'))} | |"]
+          f"| object IoU | {format_number(c.get('object_iou'))} | {format_number(c.get('sim_object_iou'))} |",
+          f"| objects found (instance recall) | {format_number(c.get('instance_recall'))} | "
+          f"{format_number(c.get('sim_instance_recall'))} |",
+          f"| mean IoU over classes | {format_number(c.get('mean_iou'))} | |"]
     return md
 
 
