@@ -392,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
             config_number(cfg, key, float, lo=0, lo_open=True)
         runner = PolicyRunner(str(cfg.artifact), None if not cfg.calibration else str(cfg.calibration),
                               intra_op_num_threads=cfg.threads)
+        try:  # a folder of another camera, or one another process records into
+            recorder = Recording(cfg.out_dir, runner.calib, debug_images=bool(cfg.debug_images),
+                                 source="loop") if cfg.out_dir else None
+        except (RecordingError, OSError) as exc:
+            raise ValueError(f"out_dir={cfg.out_dir}: {exc}") from exc
         camera, robot, shared = _build_camera_and_robot(cfg, runner.calib)
     except (ArtifactError, CalibrationError, CameraError, ValueError, ImportError) as exc:
         raise CliError(prog, f"not starting: {exc}") from exc
@@ -401,11 +406,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("received %s, stopping after the current step", signal.Signals(sig).name)
         stop.set()
 
-    try:
-        recorder = Recording(cfg.out_dir, runner.calib, debug_images=bool(cfg.debug_images),
-                             source="loop") if cfg.out_dir else None
-    except (RecordingError, OSError) as exc:
-        raise CliError(prog, f"not starting: out_dir={cfg.out_dir}: {exc}") from exc
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     threaded = ThreadedCamera(camera, max_age=loop_cfg.max_frame_age, backoff_max=float(cfg.reconnect_backoff_max))
     t0 = time.monotonic()
