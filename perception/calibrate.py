@@ -6,8 +6,12 @@
 - ``sim2real-calibrate handeye calibration=FILE poses=FILE images=DIR out=FILE``: robot poses of a
   checkerboard held by the gripper plus the camera's view of it -> ``T_base_camera``
   (``cv2.calibrateHandEye`` for an eye-to-hand camera).
+- ``sim2real-calibrate refine calibration=FILE real_dir=DIR out=FILE``: unlabeled frames of the
+  cell -> ``T_base_camera`` refined on the bin's walls (:mod:`perception.refine`), the wall
+  height and thickness fitted with it; a correction over 2 cm or 2 degrees, or no walls
+  found, is refused (exit 2, no file written). A picture of the fit goes beside ``out``.
 
-Both write the contract's calibration JSON; fields a step does not measure come from
+All three write the contract's calibration JSON; fields a step does not measure come from
 ``base`` (intrinsics) or ``calibration`` (hand-eye), and a ``calibration_report`` records
 how good the fit was. :func:`render_board` draws synthetic board images with a known
 ground truth (tests and dry runs).
@@ -30,6 +34,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from perception.atomic import atomic_write_bytes
 from perception.calibration import Calibration, CalibrationError, default_calibration_path
 from perception.cameras.replay import list_frames
 from perception.frames import invert_transform
@@ -539,17 +544,71 @@ def _run_handeye(cfg) -> dict:
     return res
 
 
+def _run_refine(cfg) -> dict:
+    from perception.refine import RefineError, RefineSettings, draw_fit, refine_pose, undistorted_median
+
+    cal_path, out = Path(cfg.calibration), Path(cfg.out)
+    if out.resolve() == cal_path.resolve():
+        raise CalibrationFitError(f"out={out} would overwrite the calibration it refines: write a new file")
+    calib = Calibration.load(cal_path)
+    settings = RefineSettings.from_config(cfg.fit)
+    folder = Path(cfg.real_dir)
+    if not folder.is_dir():
+        raise CalibrationFitError(f"real_dir {folder} not found")
+    files = list_frames(folder)
+    if not files:
+        raise CalibrationFitError(f"no *.png / *.jpg frames in {folder}")
+    # Evenly spaced over the folder: consecutive frames of one scene add little.
+    picks = np.unique(np.linspace(0, len(files) - 1, min(len(files), settings.max_frames)).round().astype(int))
+    frames = []
+    for i in picks:
+        rgb = read_image(files[i])
+        if tuple(rgb.shape[1::-1]) != tuple(calib.image_size):
+            raise CalibrationFitError(f"{files[i].name} is {rgb.shape[1]}x{rgb.shape[0]}, the calibration is "
+                                      f"{calib.image_size[0]}x{calib.image_size[1]}")
+        frames.append(rgb)
+    log.info("refining T_base_camera from the bin's walls in %d of %d frames", len(frames), len(files))
+    try:
+        res = refine_pose(frames, calib, settings)
+    except RefineError as exc:
+        raise CalibrationFitError(str(exc)) from exc
+    data = calib.to_dict()
+    data["T_base_camera"] = res.T_base_camera.tolist()
+    report = dict(data.get("calibration_report") or {})
+    report["refine"] = {**res.report(), "frames": [files[i].name for i in picks], "from": str(cal_path)}
+    data["calibration_report"] = report
+    try:
+        refined = Calibration.from_dict(data)
+    except CalibrationError as exc:
+        raise CalibrationFitError(f"the refined pose does not see the workspace: {exc}") from exc
+    picture = out.with_suffix(".png")
+    img = draw_fit(undistorted_median(frames, calib), calib, calib.T_base_camera, res)
+    ok, png = cv2.imencode(".png", img[:, :, ::-1])
+    refined.save(out)
+    if ok:
+        atomic_write_bytes(picture, png.tobytes())
+    print(f"refined T_base_camera from {len(frames)} frames: corrected by {res.shift_m * 1e3:.1f} mm and "
+          f"{res.rotation_deg:.2f} deg; walls {res.wall_height * 1e3:.0f} mm high, {res.wall_thickness * 1e3:.0f} mm "
+          f"thick; edge contrast {res.contrast_before:.2f} -> {res.contrast:.2f}; wrote {out} and {picture} "
+          "(red: the walls where the old calibration put them, green: refined)")
+    return res.report()
+
+
 def _is_missing(cfg, key: str) -> bool:
     from omegaconf import OmegaConf
 
     return OmegaConf.is_missing(cfg, key)
 
 
-SUBCOMMANDS = {"intrinsics": ("calibrate_intrinsics", _run_intrinsics), "handeye": ("calibrate_handeye", _run_handeye)}
+SUBCOMMANDS = {
+    "intrinsics": ("calibrate_intrinsics", _run_intrinsics),
+    "handeye": ("calibrate_handeye", _run_handeye),
+    "refine": ("calibrate_refine", _run_refine),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``sim2real-calibrate intrinsics|handeye key=value ...``."""
+    """``sim2real-calibrate intrinsics|handeye|refine key=value ...``."""
     from perception.cli import CliError, compose_config, setup_logging
 
     prog = "sim2real-calibrate"
@@ -564,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf.errors import MissingMandatoryValue
 
     setup_logging("info")
-    missing = [k for k in cfg if k != "board" and _is_missing(cfg, k)]
+    missing = [k for k in cfg if k not in ("board", "fit") and _is_missing(cfg, k)]
     if missing:
         raise CliError(prog, f"required: {', '.join(k + '=...' for k in missing)}; see {prog} {argv[0]} --help")
     if not cfg.out:

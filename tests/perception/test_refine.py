@@ -1,0 +1,99 @@
+"""``sim2real-calibrate refine``: what it refuses, and which wall edges it looks for.
+
+The round trip on rendered frames (an injected camera error recovered) is in
+tests/sim_render/test_refine_in_twin.py; these need no renderer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perception.calibrate import main
+from perception.calibration import Calibration, default_calibration_path
+from perception.imageio import write_image
+from perception.refine import RefineError, RefineSettings, wall_lines
+
+# A fit cut short: these frames have no walls to find, so the search only has to fail.
+QUICK = ["fit.hypotheses=1", "fit.start_heights=1", "fit.scales_px=[3.0]", "fit.restarts=1"]
+
+
+@pytest.fixture
+def calib_file(tmp_path):
+    path = tmp_path / "cal.json"
+    Calibration.load(default_calibration_path()).save(path)
+    return path
+
+
+def _frames(folder, size, n=3, seed=0):
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        # Texture at every scale and no straight edges: a floor with no bin on it.
+        img = rng.integers(0, 256, (size[1] // 8, size[0] // 8, 3), dtype=np.uint8)
+        img = np.kron(img, np.ones((8, 8, 1), dtype=np.uint8))
+        write_image(folder / f"{i:03d}.png", img)
+    return folder
+
+
+def test_frames_without_walls_are_refused_and_nothing_is_written(tmp_path, calib_file, capsys):
+    frames = _frames(tmp_path / "frames", (640, 480))
+    out = tmp_path / "refined.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["refine", f"calibration={calib_file}", f"real_dir={frames}", f"out={out}", *QUICK])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no bin walls found" in err or "beyond 20 mm" in err, err
+    assert not out.exists() and not out.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize("case", ["wrong_size", "same_file", "no_frames", "bad_height"])
+def test_bad_input_is_a_message_and_exit_2(tmp_path, calib_file, capsys, case):
+    out = tmp_path / "refined.json"
+    args = {"calibration": calib_file, "real_dir": tmp_path / "frames", "out": out}
+    extra = []
+    if case == "wrong_size":
+        _frames(tmp_path / "frames", (320, 240), n=1)
+    else:
+        (tmp_path / "frames").mkdir()
+        if case != "no_frames":
+            _frames(tmp_path / "frames2", (640, 480), n=1)
+            args["real_dir"] = tmp_path / "frames2"
+    if case == "same_file":
+        args["out"] = calib_file
+    if case == "bad_height":
+        extra = ["fit.height_range=[0.01,0.09]"]
+    before = calib_file.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        main(["refine", *(f"{k}={v}" for k, v in args.items()), *extra])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert {"wrong_size": "320x240", "same_file": "overwrite", "no_frames": "no *.png",
+            "bad_height": "0.06"}[case] in err, err
+    assert calib_file.read_bytes() == before and not out.exists()
+
+
+def test_the_edges_looked_for_follow_the_camera():
+    calib = Calibration.load(default_calibration_path())
+    cam = calib.camera_position
+    assert cam[0] > calib.workspace_x[1]  # the shipped camera looks back over the far wall
+    names = {name for name, _a, _b in wall_lines(calib, 0.05, 0.01)}
+    # The far wall's inner face turns away from the camera: its foot is hidden, its outer
+    # face and that face's foot are seen. The other walls show their inner feet.
+    assert "x_max/inner_foot" not in names and "x_max/outer_foot" in names
+    assert {"x_min/inner_foot", "y_min/inner_foot", "y_max/inner_foot"} <= names
+    assert all(f"{w}/inner_top" in names and f"{w}/outer_top" in names for w in ("x_min", "x_max", "y_min", "y_max"))
+    thin = {name for name, _a, _b in wall_lines(calib, 0.05, 0.0)}
+    assert not any("outer" in name for name in thin)
+    for name, a, b in wall_lines(calib, 0.05, 0.01):
+        z = calib.table_z + (0.05 if name.endswith("top") else 0.0)
+        assert a[2] == pytest.approx(z) and b[2] == pytest.approx(z)
+
+
+def test_settings_come_from_the_config_and_are_checked():
+    st = RefineSettings.defaults()
+    assert st.max_shift_m == pytest.approx(0.02) and st.max_rotation_deg == pytest.approx(2.0)
+    with pytest.raises(RefineError, match="unknown"):
+        RefineSettings.defaults(typo=1)
+    with pytest.raises(RefineError, match="thickness_range"):
+        RefineSettings.defaults(thickness_range=[0.02, 0.01])
