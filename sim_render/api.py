@@ -11,7 +11,7 @@ import numpy as np
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["compose_config", "to_plain", "render_config", "render_dataset", "export_real_frames"]
+__all__ = ["compose_config", "to_plain", "render_config", "render_dataset", "export_real_frames", "render_cell_frames"]
 
 
 def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
@@ -93,3 +93,36 @@ def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple
         atomic_write_bytes(path, buf.tobytes())
         paths.append(path)
     return paths
+
+
+def render_cell_frames(
+    out_dir: str | Path, calib: Any, n: int, wall_height: float, wall_thickness: float, seed: int = 0,
+    profile: str = "target",
+) -> Path:
+    """``n`` frames of one cell exactly as ``calib``'s camera sees it, as ``*.png`` in ``out_dir``.
+
+    A cell's photos, in the twin: one look (``profile``, the stand-in for a real camera),
+    the camera at the calibration with no jitter, the walls of one height and thickness,
+    the objects changing from frame to frame. What ``sim2real-calibrate refine`` is
+    tested and measured on (an error injected into the calibration it is handed).
+    """
+    from perception.imageio import write_image
+    from sim_render.randomization import render_randomized
+    from sim_render.scene import SceneRenderer
+
+    cfg = to_plain(compose_config("render", [f"render={profile}"]).render)
+    cfg.update(resolution_scale=1.0, frames_per_scene=1, empty_scene_prob=0.0,
+               bin_walls={"height": [wall_height, wall_height], "thickness": [wall_thickness, wall_thickness]})
+    cfg["camera"] = {k: 0.0 for k in cfg["camera"]}
+    renderer = SceneRenderer(calib, cfg, seed=seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for scene in range(n):
+            rngs, _params = renderer.build_scene(scene)
+            cell = renderer._setup()["cell"]
+            frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], cfg)
+            write_image(out / f"{scene:03d}.png", frame.rgb)
+    finally:
+        renderer.close()
+    return out

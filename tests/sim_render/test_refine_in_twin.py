@@ -10,40 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
-
 from perception.calibrate import main
 from perception.calibration import Calibration, default_calibration_path
 from perception.imageio import write_image
 from perception.refine import perturb, pose_change
-
-CONF = Path(__file__).resolve().parents[2] / "conf" / "render"
-
-
-def render_cell(out_dir: Path, calib: Calibration, n: int, height: float, thickness: float, seed: int) -> Path:
-    """``n`` frames of one cell seen by ``calib``'s camera exactly, walls ``height`` x ``thickness``."""
-    from sim_render.randomization import render_randomized
-    from sim_render.scene import SceneRenderer
-
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "target.yaml"), resolve=True)
-    cfg.update(resolution_scale=1.0, frames_per_scene=1, empty_scene_prob=0.0,
-               bin_walls={"height": [height, height], "thickness": [thickness, thickness]})
-    cfg["camera"] = {k: 0.0 for k in cfg["camera"]}
-    renderer = SceneRenderer(calib, cfg, seed=seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        for scene in range(n):
-            rngs, _params = renderer.build_scene(scene)
-            cell = renderer._setup()["cell"]
-            frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], cfg)
-            write_image(out_dir / f"{scene:03d}.png", frame.rgb)
-    finally:
-        renderer.close()
-    return out_dir
+from sim_render.api import render_cell_frames
 
 
 def _unit(rng: np.random.Generator) -> np.ndarray:
@@ -56,7 +30,7 @@ def cell(tmp_path_factory):
     rng = np.random.default_rng(14)
     height = float(rng.uniform(0.03, 0.06))  # the contract bounds it; the fit must find it
     true = Calibration.load(default_calibration_path())
-    frames = render_cell(tmp_path_factory.mktemp("frames"), true, 10, height, 0.02, seed=3)
+    frames = render_cell_frames(tmp_path_factory.mktemp("frames"), true, 10, height, 0.02, seed=3)
     return true, frames, height, rng
 
 
