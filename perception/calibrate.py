@@ -580,7 +580,11 @@ def _run_refine(cfg) -> dict:
     try:
         refined = Calibration.from_dict(data)
     except CalibrationError as exc:
-        raise CalibrationFitError(f"the refined pose does not see the workspace: {exc}") from exc
+        raise CalibrationFitError(
+            f"the refined pose ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration) would "
+            f"not see the whole workspace, which the pipeline and the service need: {exc}. Nothing written; "
+            "if the fit is right, the camera or the workspace must move"
+        ) from exc
     picture = out.with_suffix(".png")
     img = draw_fit(undistorted_median(frames, calib), calib, calib.T_base_camera, res)
     ok, png = cv2.imencode(".png", img[:, :, ::-1])

@@ -2,10 +2,10 @@
 
 Every frame of the cell shows known geometry: the bin's walls stand on the workspace
 edges (contract section 3), their inner faces on the edges themselves (the workspace is
-what lies inside the bin), vertical, of one unknown height up to 0.06 m. Their straight
-edges (the floor line at the foot of every inner face the camera can see, the top inner
-edge of every wall) are fitted by moving ``T_base_camera`` (and the wall height) until
-the edges' projections lie on the frames' strongest persistent edges.
+what lies inside the bin), vertical, of one unknown height up to 0.06 m and one unknown thickness. Their straight
+edges (the foot of every face the camera can see, the top's inner and outer edges) are
+fitted by moving ``T_base_camera`` (and the walls' height and thickness) until the
+edges' projections lie on the frames' strongest persistent edges.
 
 Why edges, not corners or a learned detector: the walls' lines are long, so a few
 hundred samples along each one average the texture of the floor and walls away; objects
@@ -13,10 +13,14 @@ move between frames while the walls stay, so the edge evidence is averaged over 
 (each frame's gradients clipped, so one object edge cannot outvote the walls); and no
 correspondence is needed, which is what a cluttered, textured bin would make fragile.
 
-The fit: a coarse search over the two rotations that move the whole image (they also
-stand in for the translations that do) and the wall height, on heavily smoothed
-evidence; then a pattern search over all seven parameters on less and less smoothed
-evidence. Units: metres and radians in the API, millimetres and degrees in reports.
+The fit (:func:`refine_pose`): starts at the calibration itself and at the best peaks of
+a coarse table over the two rotations that move the whole image; from each, Nelder-Mead
+on less and less smoothed evidence (inner edges), the thickness from the outer edges,
+then Gauss-Newton on every sample point's distance to its edge; the fit that lays the
+most edge strength on its lines wins. Measured in the twin: ``docs/benchmarks.md``,
+"Camera refinement" (thin walls, about 1 cm or less, are where it fails; most such fits
+are refused by the 2 cm / 2 degree rule). Units: metres and radians in the API,
+millimetres and degrees in reports.
 """
 
 from __future__ import annotations
@@ -147,8 +151,8 @@ def wall_lines(
     """The walls' straight edges the camera can see, in the base frame: ``(name, start, end)``.
 
     Each wall's inner face stands on a workspace edge; its outer face ``thickness`` further
-    out. The top's two edges always show (the camera is above the walls); the foot of a
-    face shows only where the camera is on that face's side.
+    out (no outer edges for a thickness of 0). The top's edges always show (the camera is
+    above the walls); the foot of a face only where the camera is on that face's side.
     """
     (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
     z0, z1 = calib.table_z, calib.table_z + height
@@ -238,7 +242,8 @@ def _visible_lines(calib: Calibration, T: np.ndarray, height: float, thickness: 
     The corners belong to two walls and are skipped; a point behind a wall, outside the
     image or in front of no camera is dropped, and so is a line with under a quarter of
     its points left. An inner face seen at a grazing angle puts its foot and top within
-    ``min_separation_px`` of each other, where neither can be told apart: its foot goes. So does a wall's outer top edge where it runs that close beside the inner one.
+    ``min_separation_px`` of each other, where neither can be told apart: its foot goes.
+    So does a wall's outer top edge where it runs that close beside the inner one.
     """
     w, h = calib.image_size
     s = np.linspace(0.02, 0.98, samples)
@@ -259,13 +264,11 @@ def _visible_lines(calib: Calibration, T: np.ndarray, height: float, thickness: 
         n = np.array([-d[1], d[0]]) / (np.linalg.norm(d) + 1e-12)
         out.append((name, pts[keep], uv[keep], n))
     grazing = set()
-    for name, *_rest in out:
+    for name, _pts, _uv, n in out:
         wall, kind = name.split("/")
         top = mids.get(f"{wall}/inner_top")
-        if kind in ("inner_foot", "outer_top") and top is not None:
-            n = _rest[2]
-            if abs(float((top - mids[name]) @ n)) < min_separation_px:
-                grazing.add(name)
+        if kind in ("inner_foot", "outer_top") and top is not None and abs(float((top - mids[name]) @ n)) < min_separation_px:
+            grazing.add(name)
     return [line for line in out if line[0] not in grazing], len(grazing)
 
 
