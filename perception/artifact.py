@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from perception.calibration import Calibration, CalibrationError
+from perception.frames import rotation_angle
 from perception.geometry import NetworkView, SurfaceRebuild
 from perception.preprocess import preprocess, to_network_input
 from perception.rule import rule_options
@@ -381,11 +382,6 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     )
 
 
-def _rotation_angle(Ra: np.ndarray, Rb: np.ndarray) -> float:
-    c = (np.trace(Ra.T @ Rb) - 1.0) / 2.0
-    return float(math.acos(min(1.0, max(-1.0, c))))
-
-
 def calibration_drift(trained: Calibration, serving: Calibration) -> list[str]:
     """Human-readable differences between the trained-for and the serving calibration.
 
@@ -406,7 +402,7 @@ def calibration_drift(trained: Calibration, serving: Calibration) -> list[str]:
     dt = float(np.linalg.norm(serving.T_base_camera[:3, 3] - trained.T_base_camera[:3, 3]))
     if dt > DRIFT_TRANSLATION_M:
         out.append(f"camera position moved {1000 * dt:.1f} mm from the trained pose")
-    dr = _rotation_angle(serving.T_base_camera[:3, :3], trained.T_base_camera[:3, :3])
+    dr = rotation_angle(serving.T_base_camera[:3, :3], trained.T_base_camera[:3, :3])
     if dr > DRIFT_ROTATION_RAD:
         out.append(f"camera orientation turned {math.degrees(dr):.2f} deg from the trained pose")
     return out

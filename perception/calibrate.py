@@ -37,7 +37,7 @@ import numpy as np
 from perception.atomic import atomic_write_bytes
 from perception.calibration import Calibration, CalibrationError, default_calibration_path
 from perception.cameras.replay import list_frames
-from perception.frames import invert_transform
+from perception.frames import invert_transform, rotation_angle
 from perception.imageio import ImageDecodeError, read_image
 
 __all__ = [
@@ -260,10 +260,6 @@ def calibrate_intrinsics(images: list[np.ndarray], board: Board, min_views: int 
 
 
 # ------------------------------------------------------------------ hand-eye
-def _rot_angle(R: np.ndarray) -> float:
-    return float(math.acos(min(1.0, max(-1.0, (np.trace(R) - 1) / 2))))
-
-
 def calibrate_handeye(
     T_base_gripper: list[np.ndarray],
     T_camera_target: list[np.ndarray],
@@ -306,7 +302,7 @@ def calibrate_handeye(
     ts = np.array([T[:3, 3] for T in T_gt])
     mean_t = ts.mean(axis=0)
     R0 = T_gt[0][:3, :3]
-    spread_deg = max(math.degrees(_rot_angle(R0.T @ T[:3, :3])) for T in T_gt)
+    spread_deg = max(math.degrees(rotation_angle(R0, T[:3, :3])) for T in T_gt)
     T_mean = np.eye(4)
     T_mean[:3, :3] = R0
     T_mean[:3, 3] = mean_t
@@ -450,13 +446,24 @@ def render_board(
 
 
 # ----------------------------------------------------------------------- CLI
-def _load_images(folder: Path) -> tuple[list[Path], list[np.ndarray]]:
+def _image_files(folder: Path, what: str = "image folder") -> list[Path]:
     if not folder.is_dir():
-        raise CalibrationFitError(f"image folder {folder} not found")
+        raise CalibrationFitError(f"{what} {folder} not found")
     files = list_frames(folder)
     if not files:
         raise CalibrationFitError(f"no *.png / *.jpg images in {folder}")
+    return files
+
+
+def _load_images(folder: Path) -> tuple[list[Path], list[np.ndarray]]:
+    files = _image_files(folder)
     return files, [read_image(p) for p in files]
+
+
+def _check_size(name: str, rgb: np.ndarray, calib: Calibration) -> None:
+    if tuple(rgb.shape[1::-1]) != tuple(calib.image_size):
+        raise CalibrationFitError(f"{name} is {rgb.shape[1]}x{rgb.shape[0]}, the calibration is "
+                                  f"{calib.image_size[0]}x{calib.image_size[1]}")
 
 
 def _board(cfg) -> Board:
@@ -512,9 +519,7 @@ def _run_handeye(cfg) -> dict:
             T_ct.append(_pose_from_entry(e, "T_camera_target"))
         else:
             rgb = read_image(img_dir / e["image"])
-            if tuple(rgb.shape[1::-1]) != tuple(calib.image_size):
-                raise CalibrationFitError(f"{name} is {rgb.shape[1]}x{rgb.shape[0]}, calibration is "
-                                          f"{calib.image_size[0]}x{calib.image_size[1]}")
+            _check_size(name, rgb, calib)
             found = detect_board_ids(rgb, board)
             if found is None:
                 skipped.append(name)
@@ -552,20 +557,13 @@ def _run_refine(cfg) -> dict:
         raise CalibrationFitError(f"out={out} would overwrite the calibration it refines: write a new file")
     calib = Calibration.load(cal_path)
     settings = RefineSettings.from_config(cfg.fit)
-    folder = Path(cfg.real_dir)
-    if not folder.is_dir():
-        raise CalibrationFitError(f"real_dir {folder} not found")
-    files = list_frames(folder)
-    if not files:
-        raise CalibrationFitError(f"no *.png / *.jpg frames in {folder}")
+    files = _image_files(Path(cfg.real_dir), "real_dir")
     # Evenly spaced over the folder: consecutive frames of one scene add little.
     picks = np.unique(np.linspace(0, len(files) - 1, min(len(files), settings.max_frames)).round().astype(int))
     frames = []
     for i in picks:
         rgb = read_image(files[i])
-        if tuple(rgb.shape[1::-1]) != tuple(calib.image_size):
-            raise CalibrationFitError(f"{files[i].name} is {rgb.shape[1]}x{rgb.shape[0]}, the calibration is "
-                                      f"{calib.image_size[0]}x{calib.image_size[1]}")
+        _check_size(files[i].name, rgb, calib)
         frames.append(rgb)
     log.info("refining T_base_camera from the bin's walls in %d of %d frames", len(frames), len(files))
     try:

@@ -57,6 +57,12 @@ def transform_points(T: np.ndarray, points: np.ndarray) -> np.ndarray:
     return points @ T[:3, :3].T + T[:3, 3]
 
 
+def rotation_angle(Ra: np.ndarray, Rb: np.ndarray) -> float:
+    """Angle of the rotation between two rotation matrices, radians."""
+    c = (np.trace(np.asarray(Ra).T @ np.asarray(Rb)) - 1.0) / 2.0
+    return float(np.arccos(min(1.0, max(-1.0, c))))
+
+
 def invert_transform(T: np.ndarray) -> np.ndarray:
     """Inverse of a rigid 4x4 transform."""
     R = T[:3, :3]

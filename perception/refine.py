@@ -37,6 +37,7 @@ import cv2
 import numpy as np
 
 from perception.calibration import Calibration
+from perception.frames import rotation_angle
 
 __all__ = [
     "RefineError", "RefineSettings", "RefineResult", "edge_evidence", "wall_lines", "refine_pose", "pose_change",
@@ -144,10 +145,7 @@ def perturb(T: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def pose_change(T_a: np.ndarray, T_b: np.ndarray) -> tuple[float, float]:
     """(camera centre distance in metres, rotation angle in degrees) between two poses."""
-    shift = float(np.linalg.norm(T_a[:3, 3] - T_b[:3, 3]))
-    R = T_a[:3, :3].T @ T_b[:3, :3]
-    angle = math.degrees(math.acos(max(-1.0, min(1.0, (np.trace(R) - 1.0) / 2.0))))
-    return shift, angle
+    return float(np.linalg.norm(T_a[:3, 3] - T_b[:3, 3])), math.degrees(rotation_angle(T_a[:3, :3], T_b[:3, :3]))
 
 
 def wall_lines(
@@ -203,7 +201,7 @@ def _occluded(points: np.ndarray, cam: np.ndarray, calib: Calibration, height: f
 
 
 # ------------------------------------------------------------------ evidence
-def edge_evidence(frames: list[np.ndarray], calib: Calibration, clip_percentile: float = 95.0) -> np.ndarray:
+def edge_evidence(frames: list[np.ndarray], calib: Calibration, clip_percentile: float) -> np.ndarray:
     """Per-pixel structure tensor ``(H, W, 3)`` (gxx, gyy, gxy) averaged over undistorted frames.
 
     Each frame's gradients are normalised by their clip percentile and clipped there, so
@@ -452,7 +450,7 @@ def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, cali
     return moved
 
 
-def _starts(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, st: RefineSettings) -> list[np.ndarray]:
+def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: RefineSettings) -> list[np.ndarray]:
     """Where the fine fit starts: the calibration itself with a few wall heights (its error
     is usually small), then the best few peaks, apart from each other, of a coarse table
     over the two rotations that move the whole image (they stand in for the sideways
@@ -460,7 +458,7 @@ def _starts(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
     textured floor or a wall's two top edges can make a wrong peak the highest there.
     """
     (h_lo, h_hi), span = st.height_range, math.radians(st.search_deg)
-    coarse = _Objective(_smoothed(evidence, st.scales_px[0]), calib, st, max(40, st.samples_per_edge // 4))
+    coarse = _Objective(coarsest, calib, st, max(40, st.samples_per_edge // 4))
     grid = np.arange(-span, span + 1e-9, math.radians(st.search_step_deg))
     heights = np.arange(h_lo, h_hi + 1e-9, st.height_step)
     table = np.array([[[coarse(perturb(T0, np.array([wx, wy, 0, 0, 0, 0])), h, 0.0) for h in heights]
@@ -479,22 +477,20 @@ def _starts(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
     return starts
 
 
-def _fit_from(start: np.ndarray, evidence: np.ndarray, calib: Calibration, T0: np.ndarray,
-              st: RefineSettings) -> np.ndarray:
-    """One start through less and less smoothed evidence (inner edges, Nelder-Mead), then
-    the thickness from the outer edges alone, then least squares on all of them."""
+def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, sharp: np.ndarray,
+              calib: Calibration, T0: np.ndarray, st: RefineSettings) -> np.ndarray:
+    """One start through less and less smoothed evidence (``fine``: inner edges,
+    Nelder-Mead), then the thickness from the outer edges alone (``outer``), then least
+    squares on all of them (on ``sharp``, the least smoothed evidence)."""
     (h_lo, h_hi), (t_lo, t_hi) = st.height_range, st.thickness_range
     lim = np.array([math.radians(st.search_deg)] * 3 + [st.max_shift_m * 1.5] * 3)
     lo, hi = np.r_[-lim, h_lo, 0.0], np.r_[lim, h_hi, 0.0]
     y, steps = start, np.array([math.radians(0.2)] * 3 + [0.004] * 3 + [0.004, 0.004])
-    for sigma in st.scales_px:
-        obj = _Objective(_smoothed(evidence, sigma), calib, st, st.samples_per_edge)
+    for obj in fine:
         for _restart in range(st.restarts):  # a fresh simplex escapes one that collapsed on a ridge
             y, _val = _nelder_mead(lambda z, obj=obj: obj(perturb(T0, z[:6]), z[6], z[7]), y, steps, lo, hi)
         steps = steps * 0.5
-    sharp = _smoothed(evidence, st.scales_px[-1])
     if t_hi > 0:
-        outer = _Objective(sharp, calib, st, st.samples_per_edge, total="excess", lines="outer")
         T = perturb(T0, y[:6])
         cands = np.arange(max(t_lo, 0.001), t_hi + 1e-9, 0.0005)
         vals = [outer(T, y[6], t) for t in cands]
@@ -519,11 +515,15 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
         raise RefineError("no frames to refine from")
     T0 = calib.T_base_camera.copy()
     evidence = edge_evidence(frames, calib, st.clip_percentile)
-    explained = _Objective(_smoothed(evidence, st.scales_px[-1]), calib, st, st.samples_per_edge, total="excess")
-    starts = _starts(evidence, calib, T0, st)
+    # Each smoothing once, shared by every start.
+    blurred = [_smoothed(evidence, sigma) for sigma in st.scales_px]
+    fine = [_Objective(b, calib, st, st.samples_per_edge) for b in blurred]
+    outer = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess", lines="outer")
+    explained = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess")
+    starts = _starts(blurred[0], calib, T0, st)
     fits, t0 = [], time.monotonic()
     for k, start in enumerate(starts):  # about 3-5 s each on one core (the progress a user sees)
-        fits.append(_fit_from(start, evidence, calib, T0, st))
+        fits.append(_fit_from(start, fine, outer, blurred[-1], calib, T0, st))
         log.info("fit %d/%d done (%.0f s)", k + 1, len(starts), time.monotonic() - t0)
     x = max(fits, key=lambda y: explained(perturb(T0, y[:6]), y[6], y[7]))
     final = _Objective(evidence, calib, st, st.samples_per_edge)

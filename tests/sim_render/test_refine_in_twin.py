@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 import pytest
+
 from perception.calibrate import main
 from perception.calibration import Calibration, default_calibration_path
-from perception.imageio import write_image
 from perception.refine import perturb, pose_change
 from sim_render.api import render_cell_frames
 
