@@ -16,7 +16,8 @@ Metadata (``format_version`` 1)::
      "angle_bins": A, "quality_threshold": 0.5,
      "decode": {"neighbourhood_px": 1, "width_margin": 0.08,   (optional; absent: 0, 0)
                 "rule": {...},                                 (optional; needs surface)
-                "on_part_px": 1},                              (optional; needs surface or geometry)
+                "on_part_px": 1,                               (optional; needs surface or geometry)
+                "fingers_clear": 0.25},                        (optional; needs surface or geometry)
      "geometry": {"onnx": "geometry.onnx", "input": {"name": "image", "mean": [3], "std": [3]},
                   "outputs": {"height": "height", "part": "part"}, "view": NetworkView.to_dict(),
                   "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.0072},  (optional)
@@ -242,7 +243,7 @@ def _decode_options(d: Any) -> dict:
     """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
     if not isinstance(d, dict):
         raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px"}
+    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", "fingers_clear"}
     if unknown:
         raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
     try:
@@ -258,6 +259,15 @@ def _decode_options(d: Any) -> dict:
             raise ArtifactError(f"artifact metadata field 'decode.on_part_px' must be an integer: {exc}") from exc
         if out["on_part_px"] < 0:
             raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
+    if d.get("fingers_clear") is not None:
+        try:
+            out["fingers_clear"] = float(d["fingers_clear"])
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"artifact metadata field 'decode.fingers_clear' must be a number: {exc}") from exc
+        if not 0.0 <= out["fingers_clear"] <= 1.0:
+            raise ArtifactError("artifact metadata field 'decode.fingers_clear' must be in [0, 1] (or null: off)")
+        if d.get("rule") is not None:
+            raise ArtifactError("artifact metadata fields 'decode.fingers_clear' and 'decode.rule' are exclusive")
     if d.get("rule") is not None:
         try:
             out["rule"] = rule_options(d["rule"])
@@ -356,7 +366,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     geometry = _geometry_metadata(root, raw["geometry"]) if raw.get("geometry") is not None else None
     if geometry is not None and not view.is_table:
         raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
-    for key in ("rule", "on_part_px"):
+    for key in ("rule", "on_part_px", "fingers_clear"):
         if key in decode and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")

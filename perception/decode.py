@@ -10,7 +10,9 @@ With ``rule`` (an artifact's ``decode.rule``) only grasps that fit the predicted
 ``surface`` by the grasp rule of :mod:`perception.rule` are candidates. With ``on_part_px``
 (``decode.on_part_px``) only grasps on a part the predicted ``surface`` shows are, and a
 frame whose surface shows no part answers no grasp: a grasp on a bare bin floor is worse
-than none. An artifact with a geometry graph (:mod:`perception.artifact`) hands in, as
+than none. With ``fingers_clear`` (``decode.fingers_clear``) a grasp whose fingers would come
+down on a part or a wall of the predicted ``surface`` is answered only when no other clears.
+An artifact with a geometry graph (:mod:`perception.artifact`) hands in, as
 ``surface``, the one rebuilt from the camera-view heights it predicts.
 """
 
@@ -28,10 +30,20 @@ from perception.frames import GRIPPER_MAX_WIDTH, MAX_TIP_HEIGHT, MIN_TIP_CLEARAN
 from perception.geometry import NetworkView, project_points, view_pixels_to_base
 from perception.grasp import Grasp, angle_bin_centers, normalize_angle, view_grasp_to_base
 from perception.repeats import DEFAULT_REPEATS
-from perception.rule import DEFAULT_RULE, fitting_grasps, object_cells, rule_options, support_score
+from perception.rule import (
+    DEFAULT_RULE,
+    finger_landing,
+    fitting_grasps,
+    object_cells,
+    rule_options,
+    support_score,
+)
 
 __all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
 
+#: What a grasp whose finger would land on something loses in the choice (``fingers_clear``):
+#: more than any score's range, so every clear grasp comes first.
+_BLOCKED_SHIFT = 4.0
 #: Length in view pixels of the image-plane segment used to turn an angle into a yaw.
 #: Plane-to-image is a homography, so the direction does not depend on it.
 _YAW_SEGMENT_PX = 10.0
@@ -100,6 +112,7 @@ def decode_grasp(
     surface: np.ndarray | None = None,
     rule: dict | None = None,
     on_part_px: int | None = None,
+    fingers_clear: float | None = None,
     avoid: Sequence[Grasp] = (),
     avoid_radius: float = DEFAULT_REPEATS["radius"],
     avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
@@ -136,6 +149,13 @@ def decode_grasp(
             ``min_object_px`` cells, inside the workspace clear of the walls); with no part
             at all the answer is no grasp, with the reason that the bin looks empty. Table
             views only.
+        fingers_clear: ``None``: off. Otherwise a grasp whose either finger, coming down
+            opened as answered, would land with more than this share of its footprint on
+            something standing in the predicted ``surface`` (a part or a wall:
+            :func:`perception.rule.object_cells` over the whole view,
+            :func:`perception.rule.finger_landing`) is chosen only when no grasp at or above
+            ``threshold`` lands clear: it re-ranks and never turns an answer into no grasp.
+            Table views only; not with ``rule`` (whose own test covers the landing).
         avoid: grasps not to answer (:class:`perception.repeats.RepeatGuard`: they just
             failed on this scene): no candidate whose centre, at its own fingertip height,
             is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
@@ -189,9 +209,18 @@ def decode_grasp(
     else:
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
+    if fingers_clear is not None:
+        if rule is not None:
+            raise ValueError("fingers_clear and rule are exclusive: the rule's own test covers the fingers' landing")
+        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
+        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
+        # Below every clear grasp at or above the threshold, above every grasp below it.
+        with np.errstate(invalid="ignore"):
+            score = np.where(q >= threshold, score, -np.inf)
+        score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
     abin = score.argmax(axis=0)
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
-    sbest = qbest if rerank is None else np.take_along_axis(score, abin[None], axis=0)[0]
+    sbest = qbest if rerank is None and fingers_clear is None else np.take_along_axis(score, abin[None], axis=0)[0]
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
     if rule_width is not None:
         valid &= qbest > 0  # grasps that do not fit score 0
@@ -297,15 +326,33 @@ def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.nda
             & (xy[:, 1] >= y0 + margin) & (xy[:, 1] <= y1 - margin)).reshape(H, W)
 
 
-def _near_parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, radius_px: int) -> np.ndarray:
-    """``(H, W)`` bool: cells within ``radius_px`` of a part of the predicted surface."""
+def _cell_m(view: NetworkView) -> float:
+    """Metres per cell of a top-down view (metric and isotropic)."""
+    return 1.0 / float(np.linalg.norm(view.K[0, :2]))
+
+
+def _surface_map(surface: np.ndarray | None, view: NetworkView, option: str) -> np.ndarray:
+    """The predicted surface as float32 ``(H, W)``, checked for the decode ``option`` that needs it."""
     if not view.is_table:
-        raise ValueError("on_part_px needs a top-down view (view kind 'table'); this view is a camera view")
+        raise ValueError(f"{option} needs a top-down view (view kind 'table'); this view is a camera view")
     if surface is None:
-        raise ValueError("on_part_px needs the predicted surface map (the policy has no 'surface' output)")
+        raise ValueError(f"{option} needs the predicted surface map (the policy has no 'surface' output)")
     s = np.asarray(surface, dtype=np.float32)
     if s.shape != (view.size[1], view.size[0]):
         raise ValueError(f"surface must be (H, W) = {(view.size[1], view.size[0])}, got {s.shape}")
+    return s
+
+
+def _standing(surface: np.ndarray | None, view: NetworkView, option: str) -> np.ndarray:
+    """``(H, W)`` bool: what stands in the predicted surface anywhere in the view (parts, the
+    bin walls): higher than the rule's ``object_height``, specks removed."""
+    s = _surface_map(surface, view, option)
+    return object_cells(s, None, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
+
+
+def _near_parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, radius_px: int) -> np.ndarray:
+    """``(H, W)`` bool: cells within ``radius_px`` of a part of the predicted surface."""
+    s = _surface_map(surface, view, "on_part_px")
     region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]))
     parts = object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
     if radius_px > 0 and parts.any():
@@ -319,15 +366,9 @@ def _apply_rule(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``."""
     opt = {**DEFAULT_RULE, **rule_options(rule)}
-    if not view.is_table:
-        raise ValueError("the grasp rule needs a top-down view (view kind 'table'); this view is a camera view")
-    if surface is None:
-        raise ValueError("the grasp rule needs the predicted surface map (the policy has no 'surface' output)")
-    s = np.asarray(surface, dtype=np.float32)
-    A, H, W = q.shape
-    if s.shape != (H, W):
-        raise ValueError(f"surface must be (H, W) = {(H, W)}, got {s.shape}")
-    px_m = 1.0 / float(np.linalg.norm(view.K[0, :2]))
+    s = _surface_map(surface, view, "the grasp rule")
+    A = q.shape[0]
+    px_m = _cell_m(view)
     # Parts are looked for inside the workspace, clear of the bin walls at its edge.
     region = _part_region(calib, view, float(opt["region_margin"]))
     parts = object_cells(s, region, float(opt["object_height"]), int(opt["min_object_px"]))

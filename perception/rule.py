@@ -41,7 +41,7 @@ from perception.frames import (
 
 __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
-    "fitting_grasps", "support_score",
+    "fitting_grasps", "support_score", "finger_landing",
 ]
 
 #: How deep the fingertips go below the top of the part they close around, metres.
@@ -212,3 +212,51 @@ def support_score(fits: np.ndarray, support_px: int = 2, bin_weight: float = 0.5
     bw = float(bin_weight)
     score = (share + bw * (np.roll(share, 1, axis=0) + np.roll(share, -1, axis=0))) / (1.0 + 2.0 * bw)
     return np.where(fits, score, 0.0).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _finger_kernels(angle_bins: int, px_m: float) -> tuple[np.ndarray, ...]:
+    """Per angle bin, one finger's footprint (thickness along the closing line x depth
+    across it) as a normalised float32 kernel centred on the finger's centre cell."""
+    r = int(np.ceil(math.hypot(GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_FINGER_HALF_DEPTH) / px_m))
+    dv, du = np.mgrid[-r : r + 1, -r : r + 1].astype(np.float64) * px_m
+    kernels = []
+    for a in np.arange(angle_bins) * np.pi / angle_bins:  # the bin centres, as in _profile_offsets
+        along = du * math.cos(a) + dv * math.sin(a)
+        across = -du * math.sin(a) + dv * math.cos(a)
+        k = ((np.abs(along) <= GRIPPER_FINGER_HALF_THICKNESS) & (np.abs(across) <= GRIPPER_FINGER_HALF_DEPTH))
+        k = k.astype(np.float32)
+        kernels.append(k / max(float(k.sum()), 1.0))
+    return tuple(kernels)
+
+
+def finger_landing(obstacles: np.ndarray, px_m: float, angle_bins: int, opening: np.ndarray) -> np.ndarray:
+    """``(A, H, W)`` float32 in ``[0, 1]``: for a top-down grasp centred on every cell at
+    every angle bin, the share of the more covered finger's footprint that lands on
+    ``obstacles`` (``(H, W)`` bool: parts, walls) when the gripper comes down opened to
+    ``opening`` (``(H, W)`` metres; a finger's inner face at half the opening from the
+    centre). Cells outside the grid count as free, as in :func:`fitting_grasps`.
+
+    A finger that comes down on something stops the descent before the jaws reach the
+    part (the contact stop of the validation cells' failed attempts): this is item 3 of
+    the rule on a mask alone, for a decode that cannot trust the predicted heights.
+    """
+    occ = np.asarray(obstacles, dtype=np.float32)
+    H, W = occ.shape
+    A = int(angle_bins)
+    step = round(float(px_m), 9)
+    # One share map per angle: the footprint's cover at every cell as a finger's centre.
+    cover = [cv2.filter2D(occ, -1, k, borderType=cv2.BORDER_CONSTANT) for k in _finger_kernels(A, step)]
+    half = np.clip(np.nan_to_num(np.asarray(opening, dtype=np.float64), nan=GRIPPER_MAX_WIDTH), 0.0, GRIPPER_MAX_WIDTH) / 2
+    reach = (half + GRIPPER_FINGER_HALF_THICKNESS) / step  # cells from the centre to a finger's centre
+    vv, uu = np.mgrid[0:H, 0:W]
+    out = np.zeros((A, H, W), dtype=np.float32)
+    for a, ang in enumerate(np.arange(A) * np.pi / A):
+        du = np.rint(reach * math.cos(ang)).astype(np.int64)  # the finger's centre, to the nearest cell
+        dv = np.rint(reach * math.sin(ang)).astype(np.int64)
+        for sign in (1, -1):
+            fu, fv = uu + sign * du, vv + sign * dv
+            inside = (fu >= 0) & (fu < W) & (fv >= 0) & (fv < H)
+            share = np.where(inside, cover[a][np.clip(fv, 0, H - 1), np.clip(fu, 0, W - 1)], 0.0)
+            np.maximum(out[a], share, out=out[a])
+    return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding

@@ -46,7 +46,8 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     """Refuse option combinations that would only fail after training (a clear message, early).
 
     Raises:
-        ValueError: an unknown view kind, or a decode rule without a top-down view.
+        ValueError: an unknown view kind, a decode rule or finger-landing check without a top-down
+            view, both of them at once, or a finger-landing share outside [0, 1].
     """
     pcfg = policy_config(pcfg)
     kind = str((pcfg.get("view") or {}).get("kind", "camera"))
@@ -64,18 +65,33 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    rule = (pcfg.get("decode") or {}).get("rule")
-    if rule is None:
-        return
-    from perception.rule import rule_options
+    decode = pcfg.get("decode") or {}
+    rule = decode.get("rule")
+    if rule is not None:
+        from perception.rule import rule_options
 
+        try:
+            rule_options(rule)
+        except ValueError as exc:
+            raise ValueError(f"policy.decode.rule: {exc}") from exc
+        if kind != "table":
+            raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
+                             "set policy.decode.rule=null for a camera view")
+    fingers = decode.get("fingers_clear")
+    if fingers is None:
+        return
     try:
-        rule_options(rule)
-    except ValueError as exc:
-        raise ValueError(f"policy.decode.rule: {exc}") from exc
+        ok = 0.0 <= float(fingers) <= 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"policy.decode.fingers_clear must be a share in [0, 1] or null, got {fingers!r}")
     if kind != "table":
-        raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
-                         "set policy.decode.rule=null for a camera view")
+        raise ValueError("policy.decode.fingers_clear needs the top-down view (policy.view.kind=table); "
+                         "set policy.decode.fingers_clear=null for a camera view")
+    if rule is not None:
+        raise ValueError("policy.decode.fingers_clear and policy.decode.rule are exclusive (the rule's own test "
+                         "covers the fingers' landing): set policy.decode.fingers_clear=null to use the rule")
 
 
 def _float_metrics(metrics: dict) -> dict[str, float]:

@@ -13,8 +13,15 @@ from perception.artifact import ArtifactError, load_metadata
 from perception.decode import decode_grasp
 from perception.frames import GRIPPER_MAX_WIDTH
 from perception.geometry import make_view, table_view, view_pixels_to_base
-from perception.grasp import angle_bin_centers
-from perception.rule import GRASP_DEPTH, WIDTH_MARGIN, fitting_grasps, object_cells, support_score
+from perception.grasp import angle_bin_centers, normalize_angle, view_grasp_to_base
+from perception.rule import (
+    GRASP_DEPTH,
+    WIDTH_MARGIN,
+    finger_landing,
+    fitting_grasps,
+    object_cells,
+    support_score,
+)
 
 PX = 0.004  # metres per cell of the synthetic grids
 A = 12
@@ -154,3 +161,57 @@ def test_artifact_rule_needs_a_surface_output(tmp_path, artifact_dir):
     (d / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match="unknown keys"):
         load_metadata(d)
+
+
+def test_finger_landing_sees_a_part_too_wide_for_the_opening():
+    """A 12 cm bar along u: closing along it (angle 0) fully open lands both fingers on
+    the bar at its middle; closing across it they come down beside it on the floor.
+    Off the bar's end the far finger is what lands."""
+    px = 0.004
+    A = 4
+    occ = np.zeros((64, 64), bool)
+    occ[29:35, 17:47] = True  # 24 mm x 120 mm
+    landing = finger_landing(occ, px, A, np.full((64, 64), GRIPPER_MAX_WIDTH))
+    assert landing.shape == (A, 64, 64) and landing.dtype == np.float32
+    assert landing[0, 32, 32] > 0.9  # along the bar: both fingers on it
+    assert landing[2, 32, 32] == 0.0  # across it: both on the floor
+    assert 0.0 < landing[0, 32, 50] and landing[2, 32, 50] == 0.0  # beyond the end, along: one finger on it
+    assert (landing >= 0).all() and (landing <= 1).all()
+    assert not finger_landing(np.zeros_like(occ), px, A, np.full((64, 64), 0.05)).any()
+
+
+def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
+    """decode.fingers_clear: the best quality closes along a bar longer than the opening;
+    the decode answers the across grasp instead, at its own (lower) quality; with every
+    angle blocked it still answers (a re-rank, never a null); exclusive with the rule."""
+    view = table_view(calib, (64, 64))
+    surface = _bar_in_view(calib, view, 0.5, 0.0, 0.0, half_len=0.07, half_w=0.012, top=0.04)
+    parts = surface > 0
+    vs, us = np.nonzero(parts)
+    v0, u0 = int(np.median(vs)), int(np.median(us))
+    n = 4
+    along_bar = _angle_bin_of(calib, view, u0, v0, yaw=0.0, n=n)
+    across_bar = _angle_bin_of(calib, view, u0, v0, yaw=math.pi / 2, n=n)
+    q = np.full((n, 64, 64), 0.05, np.float32)
+    q[along_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.9
+    q[across_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.6
+    w = np.full((64, 64), 0.05, np.float32)
+    h = np.full((64, 64), 0.02, np.float32)
+    plain = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface)
+    assert plain.angle_bin == along_bar
+    clear = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, fingers_clear=0.25)
+    assert clear.angle_bin == across_bar and clear.grasp.quality == pytest.approx(0.6)
+    q[across_bar] = 0.05
+    still = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, fingers_clear=0.25)
+    assert still.grasp is not None and still.angle_bin == along_bar
+    with pytest.raises(ValueError, match="exclusive"):
+        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, fingers_clear=0.25, rule={})
+    with pytest.raises(ValueError, match="surface map"):
+        decode_grasp(q, w, h, calib, view, 0.5, fingers_clear=0.25)
+
+
+def _angle_bin_of(calib, view, u: int, v: int, yaw: float, n: int) -> int:
+    """The image-plane angle bin whose base-frame yaw at view pixel (u, v) is nearest ``yaw``."""
+    angles = angle_bin_centers(n)
+    _, yaws, _ = view_grasp_to_base(np.array([[u, v]] * n, float), angles, np.full(n, 10.0), np.full(n, 0.02), calib, view)
+    return int(np.argmin(np.abs(normalize_angle(yaws - yaw))))

@@ -44,7 +44,14 @@ def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_pat
         check_policy_config(_cfg(["+policy.decode.rule={support: 1}"]))
     with pytest.raises(ValueError, match="mapping"):
         check_policy_config(_cfg(["+policy.decode.rule=yes"]))
-    check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}"]))  # a table view takes it
+    with pytest.raises(ValueError, match="exclusive"):
+        check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=0.25"]))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        check_policy_config(_cfg(["policy.decode.fingers_clear=2"]))
+    with pytest.raises(ValueError, match="fingers_clear=null for a camera view"):
+        check_policy_config(_cfg(["policy.view.kind=camera", "policy.geometry=null", "policy.decode.fingers_clear=0.25"]))
+    # a table view takes the rule
+    check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null"]))
     assert not (tmp_path / "a").exists()
 
 
