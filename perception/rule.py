@@ -249,14 +249,15 @@ def finger_landing(obstacles: np.ndarray, px_m: float, angle_bins: int, opening:
     cover = [cv2.filter2D(occ, -1, k, borderType=cv2.BORDER_CONSTANT) for k in _finger_kernels(A, step)]
     half = np.clip(np.nan_to_num(np.asarray(opening, dtype=np.float64), nan=GRIPPER_MAX_WIDTH), 0.0, GRIPPER_MAX_WIDTH) / 2
     reach = (half + GRIPPER_FINGER_HALF_THICKNESS) / step  # cells from the centre to a finger's centre
-    vv, uu = np.mgrid[0:H, 0:W]
-    out = np.zeros((A, H, W), dtype=np.float32)
+    # Cover maps padded with free cells as far as a finger reaches, read by flat index.
+    pad = int(np.ceil(float(reach.max()))) + 1
+    Wp = W + 2 * pad
+    centre = ((np.arange(H)[:, None] + pad) * Wp + np.arange(W)[None, :] + pad).ravel()
+    out = np.empty((A, H * W), dtype=np.float32)
+    r = reach.ravel()
     for a, ang in enumerate(np.arange(A) * np.pi / A):
-        du = np.rint(reach * math.cos(ang)).astype(np.int64)  # the finger's centre, to the nearest cell
-        dv = np.rint(reach * math.sin(ang)).astype(np.int64)
-        for sign in (1, -1):
-            fu, fv = uu + sign * du, vv + sign * dv
-            inside = (fu >= 0) & (fu < W) & (fv >= 0) & (fv < H)
-            share = np.where(inside, cover[a][np.clip(fv, 0, H - 1), np.clip(fu, 0, W - 1)], 0.0)
-            np.maximum(out[a], share, out=out[a])
-    return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding
+        padded = np.pad(cover[a], pad).ravel()
+        # The finger's centre, to the nearest cell.
+        offset = np.rint(r * math.sin(ang)).astype(np.int64) * Wp + np.rint(r * math.cos(ang)).astype(np.int64)
+        np.maximum(padded[centre + offset], padded[centre - offset], out=out[a])
+    return np.clip(out, 0.0, 1.0, out=out).reshape(A, H, W)  # the filter's sums carry float rounding
