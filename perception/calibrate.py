@@ -575,14 +575,20 @@ def _run_refine(cfg) -> dict:
     report = dict(data.get("calibration_report") or {})
     report["refine"] = {**res.report(), "frames": [files[i].name for i in picks], "from": str(cal_path)}
     data["calibration_report"] = report
+    moved = f"the refined pose ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration)"
     try:
         refined = Calibration.from_dict(data)
     except CalibrationError as exc:
+        raise CalibrationFitError(f"{moved} would not see the workspace: {exc}. Nothing written") from exc
+    before, after = calib.workspace_visible_share(), refined.workspace_visible_share()
+    if after < before:
+        # A fit that slides along the walls' edges moves the workspace in the frame; one that takes
+        # more of it out of view than the calibration did is more likely that slide than the
+        # camera's error, and a user is better told than handed it.
         raise CalibrationFitError(
-            f"the refined pose ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration) would "
-            f"not see the whole workspace, which the pipeline and the service need: {exc}. Nothing written; "
-            "if the fit is right, the camera or the workspace must move"
-        ) from exc
+            f"{moved} would see {100 * after:.1f}% of the workspace where the calibration sees {100 * before:.1f}%. "
+            "Nothing written; if the fit is right, the camera or the workspace must move"
+        )
     picture = out.with_suffix(".png")
     img = draw_fit(undistorted_median(frames, calib), calib, calib.T_base_camera, res)
     ok, png = cv2.imencode(".png", img[:, :, ::-1])

@@ -129,7 +129,7 @@ def camera_mount(calib: Calibration, azimuth_deg: float, elevation_deg: float, d
     T_new[:3, :3] = np.stack([x, y, z], axis=1)
     T_new[:3, 3] = new_pos
     moved = calib.replace(T_base_camera=T_new)
-    moved.check_workspace_visible()
+    moved.check_workspace_visible(min_share=1.0)  # a mount the base trains on sees the whole workspace
     return moved
 
 
