@@ -34,6 +34,7 @@ from pathlib import Path
 import cv2
 import httpx
 import numpy as np
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -187,7 +188,9 @@ def run(args: argparse.Namespace) -> dict:
     stages["repeat_guard"], stages["grasp_decode_avoiding"] = [], []
     # The finger-landing check side by side: the decode with it and without it, whichever the artifact has.
     fingers = runner.meta.decode.get("fingers_clear")
-    fingers_on = {**runner.meta.decode, "fingers_clear": 0.25 if fingers is None else fingers}
+    if fingers is None:  # an artifact without it: the policy config's default
+        fingers = float(OmegaConf.load(ROOT / "conf" / "policy" / "default.yaml").decode.fingers_clear)
+    fingers_on = {**runner.meta.decode, "fingers_clear": fingers}
     fingers_off = {k: v for k, v in runner.meta.decode.items() if k != "fingers_clear"}
     has_surface = runner.view.is_table and (runner.meta.geometry is not None or "surface" in runner.meta.outputs)
     if has_surface:

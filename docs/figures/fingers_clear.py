@@ -1,7 +1,7 @@
 """Regenerate docs/images/fingers_clear.png: where the fingers come down, without and with ``decode.fingers_clear``.
 
     .venv/bin/python docs/figures/fingers_clear.py --artifact ART --calibration CELL/calibration.json \
-        --frames F1.png F2.png [--fingers-clear 0.25] [--out docs/images/fingers_clear.png]
+        --frames F1.png F2.png [--fingers-clear SHARE] [--out docs/images/fingers_clear.png]
 
 Per frame: the camera frame with the grasp the artifact answers without the check (red)
 and with it (green), then the policy's top-down view with what stands in the rebuilt
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import cv2
 import numpy as np
+from omegaconf import OmegaConf
 
 from perception.artifact import PolicyRunner
 from perception.decode import decode_grasp
@@ -48,9 +50,13 @@ def main() -> None:
     ap.add_argument("--artifact", required=True)
     ap.add_argument("--calibration", required=True)
     ap.add_argument("--frames", nargs="+", required=True)
-    ap.add_argument("--fingers-clear", type=float, default=0.25)
+    ap.add_argument("--fingers-clear", type=float, default=None,
+                    help="the share to show (default: the one in conf/policy/default.yaml)")
     ap.add_argument("--out", default="docs/images/fingers_clear.png")
     args = ap.parse_args()
+    if args.fingers_clear is None:
+        conf = Path(__file__).resolve().parents[2] / "conf" / "policy" / "default.yaml"
+        args.fingers_clear = float(OmegaConf.load(conf).decode.fingers_clear)
 
     runner = PolicyRunner(args.artifact, args.calibration)
     if not runner.view.is_table:
