@@ -60,7 +60,7 @@ from perception.calibration import Calibration, CalibrationError
 from perception.frames import rotation_angle
 from perception.geometry import NetworkView, SurfaceRebuild
 from perception.preprocess import preprocess, to_network_input
-from perception.rule import rule_options
+from perception.rule import fingers_clear_option, rule_options
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -261,11 +261,9 @@ def _decode_options(d: Any) -> dict:
             raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
     if d.get("fingers_clear") is not None:
         try:
-            out["fingers_clear"] = float(d["fingers_clear"])
-        except (TypeError, ValueError) as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.fingers_clear' must be a number: {exc}") from exc
-        if not 0.0 <= out["fingers_clear"] <= 1.0:
-            raise ArtifactError("artifact metadata field 'decode.fingers_clear' must be in [0, 1] (or null: off)")
+            out["fingers_clear"] = fingers_clear_option(d["fingers_clear"])
+        except ValueError as exc:
+            raise ArtifactError(f"artifact metadata field 'decode.fingers_clear' {exc}") from exc
         if d.get("rule") is not None:
             raise ArtifactError("artifact metadata fields 'decode.fingers_clear' and 'decode.rule' are exclusive")
     if d.get("rule") is not None:

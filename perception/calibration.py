@@ -261,10 +261,13 @@ class Calibration:
         front = cam[:, 2] > 0.05
         if not front.any():
             return 0.0
-        uv = project_points(pts[front], self)
+        return float(self.in_image(project_points(pts[front], self)).sum()) / len(pts)
+
+    def in_image(self, uv: np.ndarray) -> np.ndarray:
+        """``(N,)`` bool: which raw pixels ``uv (N, 2)`` lie inside the image (centres at integers)."""
+        uv = np.asarray(uv, dtype=np.float64).reshape(-1, 2)
         w, h = self.image_size
-        inside = (uv[:, 0] >= 0) & (uv[:, 0] <= w - 1) & (uv[:, 1] >= 0) & (uv[:, 1] <= h - 1)
-        return float(inside.sum()) / len(pts)
+        return (uv[:, 0] >= 0) & (uv[:, 0] <= w - 1) & (uv[:, 1] >= 0) & (uv[:, 1] <= h - 1)
 
     def check_workspace_visible(self, min_share: float = MIN_WORKSPACE_VISIBLE) -> float:
         """The share of the workspace in view (:meth:`workspace_visible_share`); raise when it

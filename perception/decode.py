@@ -266,8 +266,8 @@ def decode_grasp(
     # When the box from the table to the highest candidate is in view, so is every candidate.
     top = float(z[inside].max())
     box = np.concatenate([calib.workspace_corners(calib.table_z), calib.workspace_corners(top)])
-    if not _in_image(project_points(box, calib), calib).all():
-        inside[np.flatnonzero(inside)[~_in_image(project_points(centres[inside], calib), calib)]] = False
+    if not calib.in_image(project_points(box, calib)).all():
+        inside[np.flatnonzero(inside)[~calib.in_image(project_points(centres[inside], calib))]] = False
         if not inside.any():
             return _none(f"no grasp at or above the quality threshold {threshold:.2f} lies where the camera "
                          "sees the workspace")
@@ -333,12 +333,6 @@ def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.nda
     (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
     return ((xy[:, 0] >= x0 + margin) & (xy[:, 0] <= x1 - margin)
             & (xy[:, 1] >= y0 + margin) & (xy[:, 1] <= y1 - margin)).reshape(H, W)
-
-
-def _in_image(uv: np.ndarray, calib: Calibration) -> np.ndarray:
-    """``(N,)`` bool: raw pixels ``(N, 2)`` inside the calibration's image."""
-    w, h = calib.image_size
-    return (uv[:, 0] >= 0) & (uv[:, 0] <= w - 1) & (uv[:, 1] >= 0) & (uv[:, 1] <= h - 1)
 
 
 def _cell_m(view: NetworkView) -> float:

@@ -41,7 +41,7 @@ from perception.frames import (
 
 __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
-    "fitting_grasps", "support_score", "finger_landing",
+    "fitting_grasps", "support_score", "finger_landing", "fingers_clear_option",
 ]
 
 #: How deep the fingertips go below the top of the part they close around, metres.
@@ -85,6 +85,23 @@ def rule_options(rule: Any) -> dict:
     if not all(math.isfinite(v) and v >= 0 for v in out.values()):
         raise ValueError("grasp rule options must be finite numbers >= 0")
     return out
+
+
+def fingers_clear_option(value: Any) -> float:
+    """The decode's ``fingers_clear`` share (:func:`finger_landing`), checked: a number in ``[0, 1]``.
+
+    The one check of the option, for the artifact's ``decode.fingers_clear`` and the policy config.
+
+    Raises:
+        ValueError: not a number, or outside ``[0, 1]``.
+    """
+    try:
+        share = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be a number: {exc}") from exc
+    if not 0.0 <= share <= 1.0:  # NaN fails too
+        raise ValueError(f"must be a share in [0, 1] (or null: off), got {value!r}")
+    return share
 
 
 def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_height: float = OBJECT_HEIGHT,

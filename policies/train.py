@@ -80,12 +80,12 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     fingers = decode.get("fingers_clear")
     if fingers is None:
         return
+    from perception.rule import fingers_clear_option
+
     try:
-        ok = 0.0 <= float(fingers) <= 1.0
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"policy.decode.fingers_clear must be a share in [0, 1] or null, got {fingers!r}")
+        fingers_clear_option(fingers)
+    except ValueError as exc:
+        raise ValueError(f"policy.decode.fingers_clear {exc}") from exc
     if kind != "table":
         raise ValueError("policy.decode.fingers_clear needs the top-down view (policy.view.kind=table); "
                          "set policy.decode.fingers_clear=null for a camera view")
