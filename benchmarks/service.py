@@ -186,15 +186,16 @@ def run(args: argparse.Namespace) -> dict:
     # A stuck robot: the same scene answered `memory` times, every answer remembered.
     guard = RepeatGuard(runner.calib, {})
     stages["repeat_guard"], stages["grasp_decode_avoiding"] = [], []
-    # The finger-landing check side by side: the decode with it and without it, whichever the artifact has.
-    fingers = runner.meta.decode.get("fingers_clear")
-    if fingers is None:  # an artifact without it: the policy config's default
-        fingers = float(OmegaConf.load(ROOT / "conf" / "policy" / "default.yaml").decode.fingers_clear)
-    fingers_on = {**runner.meta.decode, "fingers_clear": fingers}
-    fingers_off = {k: v for k, v in runner.meta.decode.items() if k != "fingers_clear"}
+    # The decode's re-ranking checks side by side (where the fingers land, what the jaws meet):
+    # the decode with them and without them, whichever the artifact has.
+    checks = ("fingers_clear", "jaws_on_part")
+    defaults = OmegaConf.load(ROOT / "conf" / "policy" / "default.yaml").decode
+    checks_on = {**runner.meta.decode, **{k: runner.meta.decode.get(k, defaults.get(k)) for k in checks}}
+    checks_on = {k: v for k, v in checks_on.items() if v is not None}  # an artifact without them: the config's defaults
+    checks_off = {k: v for k, v in runner.meta.decode.items() if k not in checks}
     has_surface = runner.view.is_table and (runner.meta.geometry is not None or "surface" in runner.meta.outputs)
     if has_surface:
-        stages["grasp_decode_fingers_on"], stages["grasp_decode_fingers_off"] = [], []
+        stages["grasp_decode_checks_on"], stages["grasp_decode_checks_off"] = [], []
     for _ in range(args.warmup):
         runner.forward(x)
     for i in range(args.n):
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> dict:
                            surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
         stages["grasp_decode"].append(time.perf_counter() - t)
         if has_surface:
-            for key, opts in (("grasp_decode_fingers_on", fingers_on), ("grasp_decode_fingers_off", fingers_off)):
+            for key, opts in (("grasp_decode_checks_on", checks_on), ("grasp_decode_checks_off", checks_off)):
                 t = time.perf_counter()
                 decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
                              surface=surface[0][0, 0], **opts)
@@ -312,11 +313,11 @@ def to_markdown(res: dict) -> str:
         *([f"| stage: geometry graph + top-down rebuild | {st['geometry']['p50']:.1f} | {st['geometry']['p99']:.1f} |"]
           if "geometry" in st else []),
         f"| stage: grasp decode | {st['grasp_decode']['p50']:.2f} | {st['grasp_decode']['p99']:.2f} |",
-        *([f"| stage: grasp decode with the finger-landing check (`fingers_clear`) / without it, p50 ratio "
-           f"{st['grasp_decode_fingers_on']['p50'] / max(st['grasp_decode_fingers_off']['p50'], 1e-9):.2f}x "
-           f"| {st['grasp_decode_fingers_on']['p50']:.2f} / {st['grasp_decode_fingers_off']['p50']:.2f} "
-           f"| {st['grasp_decode_fingers_on']['p99']:.2f} / {st['grasp_decode_fingers_off']['p99']:.2f} |"]
-          if "grasp_decode_fingers_on" in st else []),
+        *([f"| stage: grasp decode with the re-ranking checks (`fingers_clear`, `jaws_on_part`) / without them, "
+           f"p50 ratio {st['grasp_decode_checks_on']['p50'] / max(st['grasp_decode_checks_off']['p50'], 1e-9):.2f}x "
+           f"| {st['grasp_decode_checks_on']['p50']:.2f} / {st['grasp_decode_checks_off']['p50']:.2f} "
+           f"| {st['grasp_decode_checks_on']['p99']:.2f} / {st['grasp_decode_checks_off']['p99']:.2f} |"]
+          if "grasp_decode_checks_on" in st else []),
         f"| stage: repeat memory (fingerprint, motion check, remember), up to {DEFAULT_REPEATS['memory']} grasps "
         f"| {st['repeat_guard']['p50']:.2f} | {st['repeat_guard']['p99']:.2f} |",
         f"| stage: grasp decode avoiding them (ratio to the plain decode, p50: "

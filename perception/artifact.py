@@ -17,7 +17,8 @@ Metadata (``format_version`` 1)::
      "decode": {"neighbourhood_px": 1, "width_margin": 0.08,   (optional; absent: 0, 0)
                 "rule": {...},                                 (optional; needs surface)
                 "on_part_px": 1,                               (optional; needs surface or geometry)
-                "fingers_clear": 0.25},                        (optional; needs surface or geometry)
+                "fingers_clear": 0.25,                         (optional; needs surface or geometry)
+                "jaws_on_part": 1.0},                          (optional; needs surface or geometry)
      "geometry": {"onnx": "geometry.onnx", "input": {"name": "image", "mean": [3], "std": [3]},
                   "outputs": {"height": "height", "part": "part"}, "view": NetworkView.to_dict(),
                   "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.0072},  (optional)
@@ -60,7 +61,7 @@ from perception.calibration import Calibration, CalibrationError
 from perception.frames import rotation_angle
 from perception.geometry import NetworkView, SurfaceRebuild
 from perception.preprocess import preprocess, to_network_input
-from perception.rule import fingers_clear_option, rule_options
+from perception.rule import rule_options, share_option
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -243,7 +244,7 @@ def _decode_options(d: Any) -> dict:
     """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
     if not isinstance(d, dict):
         raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", "fingers_clear"}
+    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", "fingers_clear", "jaws_on_part"}
     if unknown:
         raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
     try:
@@ -261,11 +262,18 @@ def _decode_options(d: Any) -> dict:
             raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
     if d.get("fingers_clear") is not None:
         try:
-            out["fingers_clear"] = fingers_clear_option(d["fingers_clear"])
+            out["fingers_clear"] = share_option(d["fingers_clear"])
         except ValueError as exc:
             raise ArtifactError(f"artifact metadata field 'decode.fingers_clear' {exc}") from exc
         if d.get("rule") is not None:
             raise ArtifactError("artifact metadata fields 'decode.fingers_clear' and 'decode.rule' are exclusive")
+    if d.get("jaws_on_part") is not None:
+        try:
+            out["jaws_on_part"] = share_option(d["jaws_on_part"])
+        except ValueError as exc:
+            raise ArtifactError(f"artifact metadata field 'decode.jaws_on_part' {exc}") from exc
+        if d.get("rule") is not None:
+            raise ArtifactError("artifact metadata fields 'decode.jaws_on_part' and 'decode.rule' are exclusive")
     if d.get("rule") is not None:
         try:
             out["rule"] = rule_options(d["rule"])
@@ -364,7 +372,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     geometry = _geometry_metadata(root, raw["geometry"]) if raw.get("geometry") is not None else None
     if geometry is not None and not view.is_table:
         raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
-    for key in ("rule", "on_part_px", "fingers_clear"):
+    for key in ("rule", "on_part_px", "fingers_clear", "jaws_on_part"):
         if key in decode and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")

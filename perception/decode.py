@@ -11,7 +11,9 @@ With ``rule`` (an artifact's ``decode.rule``) only grasps that fit the predicted
 (``decode.on_part_px``) only grasps on a part the predicted ``surface`` shows are, and a
 frame whose surface shows no part answers no grasp: a grasp on a bare bin floor is worse
 than none. With ``fingers_clear`` (``decode.fingers_clear``) a grasp whose fingers would come
-down on a part or a wall of the predicted ``surface`` is answered only when no other clears.
+down on a part or a wall of the predicted ``surface`` is answered only when no other clears,
+and with ``jaws_on_part`` (``decode.jaws_on_part``) one whose jaws close on too little of a
+part (at its end, on its rim) only when no other meets enough.
 An artifact with a geometry graph (:mod:`perception.artifact`) hands in, as
 ``surface``, the one rebuilt from the camera-view heights it predicts.
 """
@@ -34,6 +36,7 @@ from perception.rule import (
     DEFAULT_RULE,
     finger_landing,
     fitting_grasps,
+    jaw_span,
     object_cells,
     rule_options,
     support_score,
@@ -44,6 +47,9 @@ __all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
 #: What a grasp whose finger would land on something loses in the choice (``fingers_clear``):
 #: more than any score's range, so every clear grasp comes first.
 _BLOCKED_SHIFT = 4.0
+#: What a grasp whose jaws meet too little of a part loses (``jaws_on_part``): more than any
+#: quality's range and less than ``_BLOCKED_SHIFT``, so clear fingers still come first.
+_SHALLOW_SHIFT = 2.0
 #: Length in view pixels of the image-plane segment used to turn an angle into a yaw.
 #: Plane-to-image is a homography, so the direction does not depend on it.
 _YAW_SEGMENT_PX = 10.0
@@ -113,6 +119,7 @@ def decode_grasp(
     rule: dict | None = None,
     on_part_px: int | None = None,
     fingers_clear: float | None = None,
+    jaws_on_part: float | None = None,
     avoid: Sequence[Grasp] = (),
     avoid_radius: float = DEFAULT_REPEATS["radius"],
     avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
@@ -156,6 +163,12 @@ def decode_grasp(
             :func:`perception.rule.finger_landing`) is chosen only when no grasp at or above
             ``threshold`` lands clear: it re-ranks and never turns an answer into no grasp.
             Table views only; not with ``rule`` (whose own test covers the landing).
+        jaws_on_part: ``None``: off. Otherwise a grasp whose jaws, along the line through its
+            centre across the closing direction and as deep as the fingers, meet less than
+            this share of a part of the predicted ``surface`` (:func:`perception.rule.jaw_span`
+            on the parts ``on_part_px`` looks for) is chosen only when no grasp at or above
+            ``threshold`` meets enough: a re-rank below ``fingers_clear``'s (clear fingers
+            first), never a null. Table views only; not with ``rule``.
         avoid: grasps not to answer (:class:`perception.repeats.RepeatGuard`: they just
             failed on this scene): no candidate whose centre, at its own fingertip height,
             is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
@@ -209,23 +222,33 @@ def decode_grasp(
     else:
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
-    if fingers_clear is not None:
+    reranked = rerank is not None or fingers_clear is not None or jaws_on_part is not None
+    if fingers_clear is not None or jaws_on_part is not None:
         if rule is not None:
-            raise ValueError("fingers_clear and rule are exclusive: the rule's own test covers the fingers' landing")
-        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
-        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
-        # Below every clear grasp at or above the threshold, above every grasp below it.
+            raise ValueError("fingers_clear and jaws_on_part are exclusive with rule: the rule's own test covers "
+                             "where the fingers land and the jaws close")
+        # A check moves a grasp below every one that passes it, and keeps it above every grasp
+        # below the threshold: it re-ranks, it never admits or removes one.
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, score, -np.inf)
+    if fingers_clear is not None:
+        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
+        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
         score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
+    parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
+    if jaws_on_part is not None:
+        parts = _parts(surface, calib, view, "jaws_on_part")
+        span = jaw_span(parts, _cell_m(view), A)
+        # The spans are counts of cells over the strip's cells: a tolerance for the filter's rounding.
+        score = np.where(span < float(jaws_on_part) - 1e-6, score - _SHALLOW_SHIFT, score)
     abin = score.argmax(axis=0)
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
-    sbest = qbest if rerank is None and fingers_clear is None else np.take_along_axis(score, abin[None], axis=0)[0]
+    sbest = np.take_along_axis(score, abin[None], axis=0)[0] if reranked else qbest
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
     if rule_width is not None:
         valid &= qbest > 0  # grasps that do not fit score 0
     if on_part_px is not None:
-        near = _near_parts(surface, calib, view, int(on_part_px))
+        near = _near(parts if parts is not None else _parts(surface, calib, view, "on_part_px"), int(on_part_px))
         if not near.any():
             return _none(f"the bin looks empty: the predicted surface shows no part higher than "
                          f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace")
@@ -359,11 +382,16 @@ def _standing(surface: np.ndarray | None, view: NetworkView, option: str) -> np.
     return object_cells(s, None, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
 
 
-def _near_parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, radius_px: int) -> np.ndarray:
-    """``(H, W)`` bool: cells within ``radius_px`` of a part of the predicted surface."""
-    s = _surface_map(surface, view, "on_part_px")
+def _parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, option: str) -> np.ndarray:
+    """``(H, W)`` bool: the parts of the predicted surface, inside the workspace clear of the
+    walls (the rule's ``object_cells`` with its defaults)."""
+    s = _surface_map(surface, view, option)
     region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]))
-    parts = object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
+    return object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
+
+
+def _near(parts: np.ndarray, radius_px: int) -> np.ndarray:
+    """``(H, W)`` bool: cells within ``radius_px`` of ``parts``."""
     if radius_px > 0 and parts.any():
         k = np.ones((2 * radius_px + 1, 2 * radius_px + 1), np.uint8)
         parts = cv2.dilate(parts.astype(np.uint8), k) > 0

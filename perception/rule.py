@@ -41,7 +41,7 @@ from perception.frames import (
 
 __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
-    "fitting_grasps", "support_score", "finger_landing", "fingers_clear_option",
+    "fitting_grasps", "support_score", "finger_landing", "share_option", "jaw_span",
 ]
 
 #: How deep the fingertips go below the top of the part they close around, metres.
@@ -87,10 +87,11 @@ def rule_options(rule: Any) -> dict:
     return out
 
 
-def fingers_clear_option(value: Any) -> float:
-    """The decode's ``fingers_clear`` share (:func:`finger_landing`), checked: a number in ``[0, 1]``.
+def share_option(value: Any) -> float:
+    """A decode share option (``fingers_clear``: :func:`finger_landing`; ``jaws_on_part``:
+    :func:`jaw_span`), checked: a number in ``[0, 1]``.
 
-    The one check of the option, for the artifact's ``decode.fingers_clear`` and the policy config.
+    The one check of those options, for the artifact's ``decode`` and the policy config.
 
     Raises:
         ValueError: not a number, or outside ``[0, 1]``.
@@ -245,6 +246,35 @@ def _finger_kernels(angle_bins: int, px_m: float) -> tuple[np.ndarray, ...]:
         k = k.astype(np.float32)
         kernels.append(k / max(float(k.sum()), 1.0))
     return tuple(kernels)
+
+
+@functools.lru_cache(maxsize=8)
+def _span_kernels(angle_bins: int, px_m: float) -> tuple[np.ndarray, ...]:
+    """Per angle bin, the jaws' depth through the centre: a one-cell strip across the closing
+    line, as long as a finger is deep, as a normalised float32 kernel centred on the centre cell."""
+    r = int(np.ceil(GRIPPER_FINGER_HALF_DEPTH / px_m)) + 1
+    dv, du = np.mgrid[-r : r + 1, -r : r + 1].astype(np.float64) * px_m
+    kernels = []
+    for a in np.arange(angle_bins) * np.pi / angle_bins:  # the bin centres, as in _finger_kernels
+        along = du * math.cos(a) + dv * math.sin(a)
+        across = -du * math.sin(a) + dv * math.cos(a)
+        k = ((np.abs(along) <= px_m / 2) & (np.abs(across) <= GRIPPER_FINGER_HALF_DEPTH)).astype(np.float32)
+        kernels.append(k / max(float(k.sum()), 1.0))
+    return tuple(kernels)
+
+
+def jaw_span(parts: np.ndarray, px_m: float, angle_bins: int) -> np.ndarray:
+    """``(A, H, W)`` float32 in ``[0, 1]``: for a top-down grasp centred on every cell at
+    every angle bin, the share of the line through its centre across the closing direction,
+    as long as the fingers are deep (``2 x GRIPPER_FINGER_HALF_DEPTH``), that lies on
+    ``parts`` (``(H, W)`` bool). A grasp whose share is low closes near a part's end or
+    along its edge (or on a shadow the mask took for part): the jaws' pads meet little of it.
+    Cells outside the grid count as not part.
+    """
+    occ = np.asarray(parts, dtype=np.float32)
+    out = np.stack([cv2.filter2D(occ, -1, k, borderType=cv2.BORDER_CONSTANT)
+                    for k in _span_kernels(int(angle_bins), round(float(px_m), 9))])
+    return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding
 
 
 def finger_landing(obstacles: np.ndarray, px_m: float, angle_bins: int, opening: np.ndarray) -> np.ndarray:

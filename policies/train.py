@@ -65,11 +65,11 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
+    from perception.rule import rule_options, share_option
+
     decode = pcfg.get("decode") or {}
     rule = decode.get("rule")
     if rule is not None:
-        from perception.rule import rule_options
-
         try:
             rule_options(rule)
         except ValueError as exc:
@@ -77,21 +77,20 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         if kind != "table":
             raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
                              "set policy.decode.rule=null for a camera view")
-    fingers = decode.get("fingers_clear")
-    if fingers is None:
-        return
-    from perception.rule import fingers_clear_option
-
-    try:
-        fingers_clear_option(fingers)
-    except ValueError as exc:
-        raise ValueError(f"policy.decode.fingers_clear {exc}") from exc
-    if kind != "table":
-        raise ValueError("policy.decode.fingers_clear needs the top-down view (policy.view.kind=table); "
-                         "set policy.decode.fingers_clear=null for a camera view")
-    if rule is not None:
-        raise ValueError("policy.decode.fingers_clear and policy.decode.rule are exclusive (the rule's own test "
-                         "covers the fingers' landing): set policy.decode.fingers_clear=null to use the rule")
+    for key in ("fingers_clear", "jaws_on_part"):  # the decode's re-ranking shares
+        value = decode.get(key)
+        if value is None:
+            continue
+        try:
+            share_option(value)
+        except ValueError as exc:
+            raise ValueError(f"policy.decode.{key} {exc}") from exc
+        if kind != "table":
+            raise ValueError(f"policy.decode.{key} needs the top-down view (policy.view.kind=table); "
+                             f"set policy.decode.{key}=null for a camera view")
+        if rule is not None:
+            raise ValueError(f"policy.decode.{key} and policy.decode.rule are exclusive (the rule's own test "
+                             f"covers where the fingers land and the jaws close): set policy.decode.{key}=null to use the rule")
 
 
 def _float_metrics(metrics: dict) -> dict[str, float]:

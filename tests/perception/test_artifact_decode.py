@@ -256,18 +256,20 @@ def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, 
     # a geometry graph: read with its numbers; its surface is rebuilt onto the policy's top-down view only
     meta["decode"]["on_part_px"] = 1
     meta["geometry"] = _geometry_entry(meta)
-    for bad, match in ((1.5, "in \\[0, 1\\]"), ("much", "must be a number")):
-        meta["decode"]["fingers_clear"] = bad
+    for key in ("fingers_clear", "jaws_on_part"):  # the decode's re-ranking shares
+        for bad, match in ((1.5, "in \\[0, 1\\]"), ("much", "must be a number")):
+            meta["decode"][key] = bad
+            (d / "metadata.json").write_text(json.dumps(meta))
+            with pytest.raises(ArtifactError, match=f"decode.{key}' .*{match}"):
+                load_metadata(d)
+        meta["decode"][key], meta["decode"]["rule"] = 0.25, {}
         (d / "metadata.json").write_text(json.dumps(meta))
-        with pytest.raises(ArtifactError, match=match):
+        with pytest.raises(ArtifactError, match=f"decode.{key}' and 'decode.rule' are exclusive"):
             load_metadata(d)
-    meta["decode"]["fingers_clear"], meta["decode"]["rule"] = 0.25, {}
-    (d / "metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(ArtifactError, match="exclusive"):
-        load_metadata(d)
-    del meta["decode"]["rule"]
-    (d / "metadata.json").write_text(json.dumps(meta))
-    assert load_metadata(d).decode["fingers_clear"] == 0.25
+        del meta["decode"]["rule"]
+        (d / "metadata.json").write_text(json.dumps(meta))
+        assert load_metadata(d).decode[key] == 0.25
+        del meta["decode"][key]
     g = load_metadata(d).geometry
     assert g is not None and g.part_threshold == 0.5 and g.floor_height == 0.007 and not g.view.is_table
     meta["view"]["kind"] = "camera"

@@ -19,6 +19,7 @@ from perception.rule import (
     WIDTH_MARGIN,
     finger_landing,
     fitting_grasps,
+    jaw_span,
     object_cells,
     support_score,
 )
@@ -208,6 +209,53 @@ def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
         decode_grasp(q, w, h, calib, view, 0.5, surface=surface, fingers_clear=0.25, rule={})
     with pytest.raises(ValueError, match="surface map"):
         decode_grasp(q, w, h, calib, view, 0.5, fingers_clear=0.25)
+
+
+def test_jaw_span_is_short_at_a_bars_end_and_along_a_thin_bar():
+    """A 12 mm x 120 mm bar along u: closing across it (angle pi/2) at its middle, the jaws'
+    whole depth meets the bar; a cell in from its end, part of it reaches past; off the bar,
+    none. Closing along the thin bar, the jaws' depth (22 mm) is wider than the bar."""
+    px = 0.004
+    occ = np.zeros((64, 64), bool)
+    occ[31:34, 17:47] = True
+    span = jaw_span(occ, px, 4)
+    assert span.shape == (4, 64, 64) and span.dtype == np.float32
+    assert span[2, 32, 32] == pytest.approx(1.0)
+    assert 0.4 < span[2, 32, 18] < 0.9
+    assert span[2, 40, 32] == 0.0
+    assert 0.3 < span[0, 32, 32] < 0.8
+    assert (span >= 0).all() and (span <= 1).all()
+
+
+def test_decode_jaws_on_part_moves_the_grasp_in_from_a_bars_end(calib):
+    """decode.jaws_on_part: the best quality closes across a bar at its very end; the decode
+    answers the grasp across its middle instead, at its own (lower) quality; with nothing
+    else above the threshold it still answers the end (a re-rank, never a null)."""
+    view = table_view(calib, (64, 64))
+    surface = _bar_in_view(calib, view, 0.5, 0.0, 0.0, half_len=0.06, half_w=0.008, top=0.04)
+    vs, us = np.nonzero(surface > 0)
+    v0, u0 = int(np.median(vs)), int(np.median(us))
+    if np.ptp(us) > np.ptp(vs):  # the bar's length runs along u in this view
+        end = (int(np.flatnonzero(surface[v0] > 0).min()), v0)
+    else:
+        end = (u0, int(np.flatnonzero(surface[:, u0] > 0).min()))
+    across_bar = _angle_bin_of(calib, view, u0, v0, yaw=math.pi / 2, n=4)
+    q = np.full((4, 64, 64), 0.05, np.float32)
+    w = np.full((64, 64), 0.05, np.float32)
+    h = np.full((64, 64), 0.02, np.float32)
+    q[across_bar, end[1], end[0]] = 0.9
+    q[across_bar, v0, u0] = 0.6
+    plain = decode_grasp(q, w, h, calib, view, 0.5, surface=surface)
+    assert plain.view_pixel == end
+    inside = decode_grasp(q, w, h, calib, view, 0.5, surface=surface, jaws_on_part=0.75)
+    assert inside.view_pixel == (u0, v0) and inside.grasp.quality == pytest.approx(0.6)
+    q[across_bar, v0, u0] = 0.05
+    still = decode_grasp(q, w, h, calib, view, 0.5, surface=surface, jaws_on_part=0.75)
+    assert still.view_pixel == end
+    with pytest.raises(ValueError, match="exclusive"):
+        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, jaws_on_part=0.75, rule={})
+    with pytest.raises(ValueError, match="surface map"):
+        decode_grasp(q, w, h, calib, view, 0.5, jaws_on_part=0.75)
 
 
 def _angle_bin_of(calib, view, u: int, v: int, yaw: float, n: int) -> int:

@@ -158,7 +158,8 @@ def test_the_geometry_network_trains_beside_the_base_and_goes_into_the_artifact(
     cfg = compose_config("train_policy", [
         "policy.base=null", f"policy.geometry={geo['base']}", "policy.view_size=[64,64]",
         "policy.network.base_channels=8", "policy.batch_size=2", "policy.val_fraction=0.34", "policy.max_steps=1",
-        "policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null", "policy.decode.on_part_px=1",
+        "policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null", "policy.decode.jaws_on_part=null",
+        "policy.decode.on_part_px=1",
         "logger=none"])
     summary = train_policy(cfg, [root / "base" / "data" / "cam0"], tmp_path / "policy")
     meta = load_metadata(summary["artifact"])

@@ -1,12 +1,13 @@
-"""Regenerate docs/images/fingers_clear.png: where the fingers come down, without and with ``decode.fingers_clear``.
+"""Regenerate docs/images/fingers_clear.png or jaws_on_part.png: one of the decode's re-ranking checks, off and on.
 
-    .venv/bin/python docs/figures/fingers_clear.py --artifact ART --calibration CELL/calibration.json \
-        --frames F1.png F2.png [--fingers-clear SHARE] [--out docs/images/fingers_clear.png]
+    .venv/bin/python docs/figures/decode_checks.py --check fingers_clear|jaws_on_part --artifact ART \
+        --calibration CELL/calibration.json --frames F1.png F2.png [--share SHARE] [--out docs/images/CHECK.png]
 
 Per frame: the camera frame with the grasp the artifact answers without the check (red)
-and with it (green), then the policy's top-down view with what stands in the rebuilt
-surface (parts, walls) shaded, each grasp's centre and its two fingers' footprints as
-they come down.
+and with it (green), every other decode option as the artifact has it; then the policy's
+top-down view with what stands in the rebuilt surface (parts, walls) shaded, each grasp's
+centre, its two fingers' footprints as they come down and the line across the closing
+direction, as deep as the fingers, that ``jaws_on_part`` asks to lie on a part.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from perception.imageio import read_image, write_image
 from perception.rule import DEFAULT_RULE, object_cells
 
 SCALE = 3  # the top-down view is drawn this many times its size
+CHECKS = ("fingers_clear", "jaws_on_part")
 
 
 def _fingers(img: np.ndarray, dec, px_m: float, color: tuple[int, int, int]) -> None:
@@ -43,6 +45,10 @@ def _fingers(img: np.ndarray, dec, px_m: float, color: tuple[int, int, int]) -> 
         box = cv2.boxPoints((c, size, math.degrees(a))).astype(np.int32)
         cv2.polylines(img, [box], True, color, 1)
     cv2.circle(img, (int((u + 0.5) * SCALE), int((v + 0.5) * SCALE)), 3, color, -1)
+    depth = GRIPPER_FINGER_HALF_DEPTH / px_m
+    ends = [(int((u - sign * depth * math.sin(a) + 0.5) * SCALE), int((v + sign * depth * math.cos(a) + 0.5) * SCALE))
+            for sign in (1, -1)]
+    cv2.line(img, ends[0], ends[1], color, 1)
 
 
 def main() -> None:
@@ -50,18 +56,23 @@ def main() -> None:
     ap.add_argument("--artifact", required=True)
     ap.add_argument("--calibration", required=True)
     ap.add_argument("--frames", nargs="+", required=True)
-    ap.add_argument("--fingers-clear", type=float, default=None,
-                    help="the share to show (default: the one in conf/policy/default.yaml)")
-    ap.add_argument("--out", default="docs/images/fingers_clear.png")
+    ap.add_argument("--check", choices=CHECKS, default="fingers_clear")
+    ap.add_argument("--share", type=float, default=None,
+                    help="the check's share (default: the artifact's, else conf/policy/default.yaml's)")
+    ap.add_argument("--out", default=None, help="default: docs/images/CHECK.png")
     args = ap.parse_args()
-    if args.fingers_clear is None:
-        conf = Path(__file__).resolve().parents[2] / "conf" / "policy" / "default.yaml"
-        args.fingers_clear = float(OmegaConf.load(conf).decode.fingers_clear)
+    out = args.out or f"docs/images/{args.check}.png"
 
     runner = PolicyRunner(args.artifact, args.calibration)
     if not runner.view.is_table:
         raise SystemExit("the artifact's view is not a top-down (table) view")
-    plain = {k: v for k, v in runner.meta.decode.items() if k != "fingers_clear"}
+    share = args.share if args.share is not None else runner.meta.decode.get(args.check)
+    if share is None:
+        conf = Path(__file__).resolve().parents[2] / "conf" / "policy" / "default.yaml"
+        share = OmegaConf.load(conf).decode.get(args.check)
+    if share is None:
+        raise SystemExit(f"no share for {args.check}: the artifact and conf/policy/default.yaml have none; pass --share")
+    plain = {k: v for k, v in runner.meta.decode.items() if k != args.check}
     px_m = 1.0 / float(np.linalg.norm(runner.view.K[0, :2]))
     rows = []
     for path in args.frames:
@@ -69,7 +80,7 @@ def main() -> None:
         maps = runner.infer(raw, keep_view=True)
         decs = [decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
                              runner.meta.quality_threshold, surface=maps.surface, **opts)
-                for opts in (plain, {**plain, "fingers_clear": args.fingers_clear})]
+                for opts in (plain, {**plain, args.check: float(share)})]
         frame = raw.copy()
         for dec, color in zip(decs, (FAILURE_COLOR, SUCCESS_COLOR)):
             if dec.grasp is not None:  # the fingertip line, as the robot is asked to close it
@@ -86,10 +97,10 @@ def main() -> None:
             _fingers(top, dec, px_m, color)
         h = top.shape[0]
         frame = cv2.resize(frame, (int(frame.shape[1] * h / frame.shape[0]), h), interpolation=cv2.INTER_AREA)
-        rows.append([label_image(frame, "camera: without (red), with fingers_clear (green)"),
-                     label_image(top, "top-down: standing shaded, fingers")])
-    write_image(args.out, panel(rows))
-    print(f"wrote {args.out}")
+        rows.append([label_image(frame, f"camera: without (red), with {args.check} (green)"),
+                     label_image(top, "top-down: standing shaded, fingers, jaws' depth")])
+    write_image(out, panel(rows))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
