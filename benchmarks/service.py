@@ -44,6 +44,7 @@ from perception.calibration import Calibration, default_calibration_path  # noqa
 from perception.decode import decode_grasp  # noqa: E402
 from perception.imageio import decode_image, encode_image  # noqa: E402
 from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
+from perception.rule import SHARE_OPTIONS  # noqa: E402
 from perception.testing import (  # noqa: E402
     free_port,
     resident_memory_bytes,
@@ -188,11 +189,10 @@ def run(args: argparse.Namespace) -> dict:
     stages["repeat_guard"], stages["grasp_decode_avoiding"] = [], []
     # The decode's re-ranking checks side by side (where the fingers land, what the jaws meet):
     # the decode with them and without them, whichever the artifact has.
-    checks = ("fingers_clear", "jaws_on_part")
     defaults = OmegaConf.load(ROOT / "conf" / "policy" / "default.yaml").decode
-    checks_on = {**runner.meta.decode, **{k: runner.meta.decode.get(k, defaults.get(k)) for k in checks}}
+    checks_on = {**runner.meta.decode, **{k: runner.meta.decode.get(k, defaults.get(k)) for k in SHARE_OPTIONS}}
     checks_on = {k: v for k, v in checks_on.items() if v is not None}  # an artifact without them: the config's defaults
-    checks_off = {k: v for k, v in runner.meta.decode.items() if k not in checks}
+    checks_off = {k: v for k, v in runner.meta.decode.items() if k not in SHARE_OPTIONS}
     has_surface = runner.view.is_table and (runner.meta.geometry is not None or "surface" in runner.meta.outputs)
     if has_surface:
         stages["grasp_decode_checks_on"], stages["grasp_decode_checks_off"] = [], []

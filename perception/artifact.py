@@ -61,7 +61,7 @@ from perception.calibration import Calibration, CalibrationError
 from perception.frames import rotation_angle
 from perception.geometry import NetworkView, SurfaceRebuild
 from perception.preprocess import preprocess, to_network_input
-from perception.rule import rule_options, share_option
+from perception.rule import SHARE_OPTIONS, rule_options, share_option
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -244,7 +244,7 @@ def _decode_options(d: Any) -> dict:
     """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
     if not isinstance(d, dict):
         raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", "fingers_clear", "jaws_on_part"}
+    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", *SHARE_OPTIONS}
     if unknown:
         raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
     try:
@@ -260,20 +260,15 @@ def _decode_options(d: Any) -> dict:
             raise ArtifactError(f"artifact metadata field 'decode.on_part_px' must be an integer: {exc}") from exc
         if out["on_part_px"] < 0:
             raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
-    if d.get("fingers_clear") is not None:
+    for key in SHARE_OPTIONS:  # the decode's re-ranking checks
+        if d.get(key) is None:
+            continue
         try:
-            out["fingers_clear"] = share_option(d["fingers_clear"])
+            out[key] = share_option(d[key])
         except ValueError as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.fingers_clear' {exc}") from exc
+            raise ArtifactError(f"artifact metadata field 'decode.{key}' {exc}") from exc
         if d.get("rule") is not None:
-            raise ArtifactError("artifact metadata fields 'decode.fingers_clear' and 'decode.rule' are exclusive")
-    if d.get("jaws_on_part") is not None:
-        try:
-            out["jaws_on_part"] = share_option(d["jaws_on_part"])
-        except ValueError as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.jaws_on_part' {exc}") from exc
-        if d.get("rule") is not None:
-            raise ArtifactError("artifact metadata fields 'decode.jaws_on_part' and 'decode.rule' are exclusive")
+            raise ArtifactError(f"artifact metadata fields 'decode.{key}' and 'decode.rule' are exclusive")
     if d.get("rule") is not None:
         try:
             out["rule"] = rule_options(d["rule"])
@@ -372,7 +367,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     geometry = _geometry_metadata(root, raw["geometry"]) if raw.get("geometry") is not None else None
     if geometry is not None and not view.is_table:
         raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
-    for key in ("rule", "on_part_px", "fingers_clear", "jaws_on_part"):
+    for key in ("rule", "on_part_px", *SHARE_OPTIONS):
         if key in decode and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")

@@ -42,6 +42,7 @@ from perception.frames import (
 __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
     "fitting_grasps", "support_score", "finger_landing", "share_option", "jaw_span",
+    "SHARE_OPTIONS",
 ]
 
 #: How deep the fingertips go below the top of the part they close around, metres.
@@ -85,6 +86,10 @@ def rule_options(rule: Any) -> dict:
     if not all(math.isfinite(v) and v >= 0 for v in out.values()):
         raise ValueError("grasp rule options must be finite numbers >= 0")
     return out
+
+
+#: The decode's re-ranking checks, each a share in [0, 1] (:func:`share_option`).
+SHARE_OPTIONS = ("fingers_clear", "jaws_on_part")
 
 
 def share_option(value: Any) -> float:

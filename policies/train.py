@@ -65,7 +65,7 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    from perception.rule import rule_options, share_option
+    from perception.rule import SHARE_OPTIONS, rule_options, share_option
 
     decode = pcfg.get("decode") or {}
     rule = decode.get("rule")
@@ -77,7 +77,7 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         if kind != "table":
             raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
                              "set policy.decode.rule=null for a camera view")
-    for key in ("fingers_clear", "jaws_on_part"):  # the decode's re-ranking shares
+    for key in SHARE_OPTIONS:  # the decode's re-ranking checks
         value = decode.get(key)
         if value is None:
             continue
