@@ -273,7 +273,7 @@ def jaw_span(parts: np.ndarray, px_m: float, angle_bins: int) -> np.ndarray:
     every angle bin, the share of the line through its centre across the closing direction,
     as long as the fingers are deep (``2 x GRIPPER_FINGER_HALF_DEPTH``), that lies on
     ``parts`` (``(H, W)`` bool). A grasp whose share is low closes near a part's end or
-    along its edge (or on a shadow the mask took for part): the jaws' pads meet little of it.
+    beside it (or on a shadow the mask took for part): the jaws' pads meet little of it.
     Cells outside the grid count as not part.
     """
     occ = np.asarray(parts, dtype=np.float32)

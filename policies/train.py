@@ -77,20 +77,19 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         if kind != "table":
             raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
                              "set policy.decode.rule=null for a camera view")
-    for key in SHARE_OPTIONS:  # the decode's re-ranking checks
-        value = decode.get(key)
-        if value is None:
-            continue
+    shares = [key for key in SHARE_OPTIONS if decode.get(key) is not None]  # the decode's re-ranking checks
+    for key in shares:
         try:
-            share_option(value)
+            share_option(decode[key])
         except ValueError as exc:
             raise ValueError(f"policy.decode.{key} {exc}") from exc
-        if kind != "table":
-            raise ValueError(f"policy.decode.{key} needs the top-down view (policy.view.kind=table); "
-                             f"set policy.decode.{key}=null for a camera view")
-        if rule is not None:
-            raise ValueError(f"policy.decode.{key} and policy.decode.rule are exclusive (the rule's own test "
-                             f"covers where the fingers land and the jaws close): set policy.decode.{key}=null to use the rule")
+    if shares and kind != "table":
+        raise ValueError(f"policy.decode.{' and '.join(shares)} need the top-down view (policy.view.kind=table); "
+                         f"set {' '.join(f'policy.decode.{k}=null' for k in shares)} for a camera view")
+    if shares and rule is not None:
+        raise ValueError(f"policy.decode.{' and '.join(shares)} and policy.decode.rule are exclusive (the rule's own "
+                         f"test covers where the fingers land and the jaws close): set "
+                         f"{' '.join(f'policy.decode.{k}=null' for k in shares)} to use the rule")
 
 
 def _float_metrics(metrics: dict) -> dict[str, float]:

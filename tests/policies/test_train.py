@@ -48,7 +48,7 @@ def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_pat
         check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=0.25"]))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         check_policy_config(_cfg(["policy.decode.fingers_clear=2"]))
-    with pytest.raises(ValueError, match="fingers_clear=null for a camera view"):
+    with pytest.raises(ValueError, match="set policy.decode.fingers_clear=null policy.decode.jaws_on_part=null for a camera"):
         check_policy_config(_cfg(["policy.view.kind=camera", "policy.geometry=null", "policy.decode.fingers_clear=0.25"]))
     with pytest.raises(ValueError, match=r"jaws_on_part must be a share in \[0, 1\]"):
         check_policy_config(_cfg(["policy.decode.jaws_on_part=-0.5"]))
