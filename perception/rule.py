@@ -237,35 +237,30 @@ def support_score(fits: np.ndarray, support_px: int = 2, bin_weight: float = 0.5
     return np.where(fits, score, 0.0).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=8)
-def _finger_kernels(angle_bins: int, px_m: float) -> tuple[np.ndarray, ...]:
-    """Per angle bin, one finger's footprint (thickness along the closing line x depth
-    across it) as a normalised float32 kernel centred on the finger's centre cell."""
-    r = int(np.ceil(math.hypot(GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_FINGER_HALF_DEPTH) / px_m))
+@functools.lru_cache(maxsize=16)
+def _strip_kernels(angle_bins: int, px_m: float, half_along: float, half_across: float) -> tuple[np.ndarray, ...]:
+    """Per angle bin, a rectangle ``2 half_along`` metres along the closing line by ``2 half_across``
+    across it, as a normalised float32 kernel centred on its centre cell."""
+    r = int(np.ceil(math.hypot(half_along, half_across) / px_m)) + 1
     dv, du = np.mgrid[-r : r + 1, -r : r + 1].astype(np.float64) * px_m
     kernels = []
     for a in np.arange(angle_bins) * np.pi / angle_bins:  # the bin centres, as in _profile_offsets
         along = du * math.cos(a) + dv * math.sin(a)
         across = -du * math.sin(a) + dv * math.cos(a)
-        k = ((np.abs(along) <= GRIPPER_FINGER_HALF_THICKNESS) & (np.abs(across) <= GRIPPER_FINGER_HALF_DEPTH))
-        k = k.astype(np.float32)
+        k = ((np.abs(along) <= half_along) & (np.abs(across) <= half_across)).astype(np.float32)
         kernels.append(k / max(float(k.sum()), 1.0))
     return tuple(kernels)
 
 
-@functools.lru_cache(maxsize=8)
+def _finger_kernels(angle_bins: int, px_m: float) -> tuple[np.ndarray, ...]:
+    """Per angle bin, one finger's footprint (thickness along the closing line x depth across it)."""
+    return _strip_kernels(angle_bins, px_m, GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_FINGER_HALF_DEPTH)
+
+
 def _span_kernels(angle_bins: int, px_m: float) -> tuple[np.ndarray, ...]:
     """Per angle bin, the jaws' depth through the centre: a one-cell strip across the closing
-    line, as long as a finger is deep, as a normalised float32 kernel centred on the centre cell."""
-    r = int(np.ceil(GRIPPER_FINGER_HALF_DEPTH / px_m)) + 1
-    dv, du = np.mgrid[-r : r + 1, -r : r + 1].astype(np.float64) * px_m
-    kernels = []
-    for a in np.arange(angle_bins) * np.pi / angle_bins:  # the bin centres, as in _finger_kernels
-        along = du * math.cos(a) + dv * math.sin(a)
-        across = -du * math.sin(a) + dv * math.cos(a)
-        k = ((np.abs(along) <= px_m / 2) & (np.abs(across) <= GRIPPER_FINGER_HALF_DEPTH)).astype(np.float32)
-        kernels.append(k / max(float(k.sum()), 1.0))
-    return tuple(kernels)
+    line, as long as a finger is deep."""
+    return _strip_kernels(angle_bins, px_m, px_m / 2, GRIPPER_FINGER_HALF_DEPTH)
 
 
 def jaw_span(parts: np.ndarray, px_m: float, angle_bins: int) -> np.ndarray:
