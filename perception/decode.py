@@ -33,8 +33,10 @@ from perception.geometry import NetworkView, project_points, view_pixels_to_base
 from perception.grasp import Grasp, angle_bin_centers, normalize_angle, view_grasp_to_base
 from perception.repeats import DEFAULT_REPEATS
 from perception.rule import (
+    ABOVE_TIPS,
     DEFAULT_RULE,
     finger_landing,
+    finger_obstacle,
     fitting_grasps,
     jaw_span,
     object_cells,
@@ -120,6 +122,7 @@ def decode_grasp(
     on_part_px: int | None = None,
     fingers_clear: float | None = None,
     jaws_on_part: float | None = None,
+    sweep_depth: float | None = None,
     avoid: Sequence[Grasp] = (),
     avoid_radius: float = DEFAULT_REPEATS["radius"],
     avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
@@ -169,6 +172,15 @@ def decode_grasp(
             on the parts ``on_part_px`` looks for) is chosen only when no grasp at or above
             ``threshold`` meets enough: a re-rank below ``fingers_clear``'s (clear fingers
             first), never a null. Table views only; not with ``rule``.
+        sweep_depth: ``None``: off. Otherwise the fingertips of every (angle, pixel) come
+            down to the higher of the network's height and :data:`perception.rule.ABOVE_TIPS`
+            over the highest point of the predicted ``surface`` under either finger
+            (:func:`perception.rule.finger_obstacle`, opened as answered), and a grasp whose
+            fingertips then stay less than ``sweep_depth`` metres below the surface at its
+            centre (the pads would close on too little of the part) is chosen only when no
+            grasp at or above ``threshold`` can come down clear that deep: a re-rank at
+            ``fingers_clear``'s level, never a null. The answered ``z`` is the raised height.
+            Table views only; not with ``rule``.
         avoid: grasps not to answer (:class:`perception.repeats.RepeatGuard`: they just
             failed on this scene): no candidate whose centre, at its own fingertip height,
             is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
@@ -222,17 +234,18 @@ def decode_grasp(
     else:
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
-    reranked = rerank is not None or fingers_clear is not None or jaws_on_part is not None
-    if fingers_clear is not None or jaws_on_part is not None:
+    checks = fingers_clear is not None or jaws_on_part is not None or sweep_depth is not None
+    reranked = rerank is not None or checks
+    if checks:
         if rule is not None:
-            raise ValueError("fingers_clear and jaws_on_part are exclusive with rule: the rule's own test covers "
-                             "where the fingers land and the jaws close")
+            raise ValueError("fingers_clear, jaws_on_part and sweep_depth are exclusive with rule: the rule's own "
+                             "test covers where the fingers land and the jaws close")
         # A check moves a grasp below every one that passes it, and keeps it above every grasp
         # below the threshold: it re-ranks, it never admits or removes one.
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, score, -np.inf)
+    opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
     if fingers_clear is not None:
-        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
         landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
         score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
     parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
@@ -241,7 +254,16 @@ def decode_grasp(
         span = jaw_span(parts, _cell_m(view), A)
         # The spans are counts of cells over the strip's cells: a tolerance for the filter's rounding.
         score = np.where(span < float(jaws_on_part) - 1e-6, score - _SHALLOW_SHIFT, score)
+    tips = None  # (A, H, W) fingertip heights raised to come down clear, for sweep_depth
+    if sweep_depth is not None:
+        s = _surface_map(surface, view, "sweep_depth")
+        need = finger_obstacle(s, _cell_m(view), A, opening) + ABOVE_TIPS
+        tips = np.maximum(hmap[None].astype(np.float32), need)  # NaN heights stay NaN: never valid
+        top = np.nan_to_num(s, nan=0.0)[None]
+        score = np.where(need > top - float(sweep_depth) + 1e-6, score - _BLOCKED_SHIFT, score)
     abin = score.argmax(axis=0)
+    if tips is not None:
+        hmap = np.take_along_axis(tips, abin[None], axis=0)[0]
     qbest = np.take_along_axis(q, abin[None], axis=0)[0]
     sbest = np.take_along_axis(score, abin[None], axis=0)[0] if reranked else qbest
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)

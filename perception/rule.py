@@ -41,7 +41,8 @@ from perception.frames import (
 
 __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
-    "fitting_grasps", "support_score", "finger_landing", "share_option", "jaw_span",
+    "fitting_grasps", "support_score", "finger_landing", "finger_obstacle", "share_option", "jaw_span",
+    "sweep_depth_option", "MAX_SWEEP_DEPTH",
     "SHARE_OPTIONS",
 ]
 
@@ -108,6 +109,28 @@ def share_option(value: Any) -> float:
     if not 0.0 <= share <= 1.0:  # NaN fails too
         raise ValueError(f"must be a share in [0, 1] (or null: off), got {value!r}")
     return share
+
+
+#: The deepest ``sweep_depth`` the decode accepts, metres: the fingers are 0.05 m long.
+MAX_SWEEP_DEPTH = 0.05
+
+
+def sweep_depth_option(value: Any) -> float:
+    """The decode's ``sweep_depth`` (metres the fingertips must reach below the part's top
+    while coming down clear), checked: a number in ``[0, MAX_SWEEP_DEPTH]``.
+
+    The one check of that option, for the artifact's ``decode`` and the policy config.
+
+    Raises:
+        ValueError: not a number, or outside the range.
+    """
+    try:
+        depth = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be a number of metres: {exc}") from exc
+    if not 0.0 <= depth <= MAX_SWEEP_DEPTH:  # NaN fails too
+        raise ValueError(f"must be in [0, {MAX_SWEEP_DEPTH}] m (or null: off), got {value!r}")
+    return depth
 
 
 def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_height: float = OBJECT_HEIGHT,
@@ -277,6 +300,29 @@ def jaw_span(parts: np.ndarray, px_m: float, angle_bins: int) -> np.ndarray:
     return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding
 
 
+def _at_fingers(maps: list[np.ndarray], px_m: float, opening: np.ndarray, reduce: Any) -> np.ndarray:
+    """``(A, H, W)``: per angle bin, ``maps[a]`` (``(H, W)``, a value per finger centre) read at
+    both fingers of a grasp centred on every cell and opened to ``opening`` (``(H, W)`` metres;
+    a finger's inner face at half the opening from the centre), the two combined by ``reduce``
+    (``np.maximum``). Cells outside the grid read 0 (free), as in :func:`fitting_grasps`."""
+    H, W = maps[0].shape
+    A = len(maps)
+    half = np.clip(np.nan_to_num(np.asarray(opening, dtype=np.float64), nan=GRIPPER_MAX_WIDTH), 0.0, GRIPPER_MAX_WIDTH) / 2
+    reach = (half + GRIPPER_FINGER_HALF_THICKNESS) / px_m  # cells from the centre to a finger's centre
+    # Maps padded with free cells as far as a finger reaches, read by flat index.
+    pad = int(np.ceil(float(reach.max()))) + 1
+    Wp = W + 2 * pad
+    centre = ((np.arange(H)[:, None] + pad) * Wp + np.arange(W)[None, :] + pad).ravel()
+    out = np.empty((A, H * W), dtype=np.float32)
+    r = reach.ravel()
+    for a, ang in enumerate(np.arange(A) * np.pi / A):
+        padded = np.pad(maps[a], pad).ravel()
+        # The finger's centre, to the nearest cell.
+        offset = np.rint(r * math.sin(ang)).astype(np.int64) * Wp + np.rint(r * math.cos(ang)).astype(np.int64)
+        reduce(padded[centre + offset], padded[centre - offset], out=out[a])
+    return out.reshape(A, H, W)
+
+
 def finger_landing(obstacles: np.ndarray, px_m: float, angle_bins: int, opening: np.ndarray) -> np.ndarray:
     """``(A, H, W)`` float32 in ``[0, 1]``: for a top-down grasp centred on every cell at
     every angle bin, the share of the more covered finger's footprint that lands on
@@ -289,22 +335,23 @@ def finger_landing(obstacles: np.ndarray, px_m: float, angle_bins: int, opening:
     the rule on a mask alone, for a decode that cannot trust the predicted heights.
     """
     occ = np.asarray(obstacles, dtype=np.float32)
-    H, W = occ.shape
-    A = int(angle_bins)
     step = round(float(px_m), 9)
     # One share map per angle: the footprint's cover at every cell as a finger's centre.
-    cover = [cv2.filter2D(occ, -1, k, borderType=cv2.BORDER_CONSTANT) for k in _finger_kernels(A, step)]
-    half = np.clip(np.nan_to_num(np.asarray(opening, dtype=np.float64), nan=GRIPPER_MAX_WIDTH), 0.0, GRIPPER_MAX_WIDTH) / 2
-    reach = (half + GRIPPER_FINGER_HALF_THICKNESS) / step  # cells from the centre to a finger's centre
-    # Cover maps padded with free cells as far as a finger reaches, read by flat index.
-    pad = int(np.ceil(float(reach.max()))) + 1
-    Wp = W + 2 * pad
-    centre = ((np.arange(H)[:, None] + pad) * Wp + np.arange(W)[None, :] + pad).ravel()
-    out = np.empty((A, H * W), dtype=np.float32)
-    r = reach.ravel()
-    for a, ang in enumerate(np.arange(A) * np.pi / A):
-        padded = np.pad(cover[a], pad).ravel()
-        # The finger's centre, to the nearest cell.
-        offset = np.rint(r * math.sin(ang)).astype(np.int64) * Wp + np.rint(r * math.cos(ang)).astype(np.int64)
-        np.maximum(padded[centre + offset], padded[centre - offset], out=out[a])
-    return np.clip(out, 0.0, 1.0, out=out).reshape(A, H, W)  # the filter's sums carry float rounding
+    cover = [cv2.filter2D(occ, -1, k, borderType=cv2.BORDER_CONSTANT) for k in _finger_kernels(int(angle_bins), step)]
+    out = _at_fingers(cover, step, opening, np.maximum)
+    return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding
+
+
+def finger_obstacle(surface: np.ndarray, px_m: float, angle_bins: int, opening: np.ndarray) -> np.ndarray:
+    """``(A, H, W)`` float32, metres above the table: for a top-down grasp centred on every
+    cell at every angle bin, the highest point of ``surface`` (``(H, W)``; NaN: free) under
+    either finger's footprint when the gripper comes down opened to ``opening`` (as in
+    :func:`finger_landing`). Fingertips held :data:`ABOVE_TIPS` above it come down clear:
+    item 3 of the rule with the fingertip height left free (:func:`perception.decode.decode_grasp`'s
+    ``sweep_depth``).
+    """
+    s = np.maximum(np.nan_to_num(np.asarray(surface, dtype=np.float32), nan=0.0), 0.0)
+    step = round(float(px_m), 9)
+    highest = [cv2.dilate(s, (k > 0).astype(np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0)
+               for k in _finger_kernels(int(angle_bins), step)]
+    return _at_fingers(highest, step, opening, np.maximum)

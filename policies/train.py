@@ -65,7 +65,7 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    from perception.rule import SHARE_OPTIONS, rule_options, share_option
+    from perception.rule import SHARE_OPTIONS, rule_options, share_option, sweep_depth_option
 
     decode = pcfg.get("decode") or {}
     rule = decode.get("rule")
@@ -83,6 +83,12 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
             share_option(decode[key])
         except ValueError as exc:
             raise ValueError(f"policy.decode.{key} {exc}") from exc
+    if decode.get("sweep_depth") is not None:
+        try:
+            sweep_depth_option(decode["sweep_depth"])
+        except ValueError as exc:
+            raise ValueError(f"policy.decode.sweep_depth {exc}") from exc
+        shares.append("sweep_depth")  # the same re-ranking kind: top-down view only, not with the rule
     if shares and kind != "table":
         raise ValueError(f"policy.decode.{' and '.join(shares)} need the top-down view (policy.view.kind=table); "
                          f"set {' '.join(f'policy.decode.{k}=null' for k in shares)} for a camera view")

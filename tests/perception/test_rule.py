@@ -11,17 +11,20 @@ import pytest
 
 from perception.artifact import ArtifactError, load_metadata
 from perception.decode import decode_grasp
-from perception.frames import GRIPPER_MAX_WIDTH
+from perception.frames import GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_MAX_WIDTH
 from perception.geometry import make_view, table_view, view_pixels_to_base
 from perception.grasp import angle_bin_centers, normalize_angle, view_grasp_to_base
 from perception.rule import (
+    ABOVE_TIPS,
     GRASP_DEPTH,
     WIDTH_MARGIN,
     finger_landing,
+    finger_obstacle,
     fitting_grasps,
     jaw_span,
     object_cells,
     support_score,
+    sweep_depth_option,
 )
 
 PX = 0.004  # metres per cell of the synthetic grids
@@ -263,3 +266,57 @@ def _angle_bin_of(calib, view, u: int, v: int, yaw: float, n: int) -> int:
     angles = angle_bin_centers(n)
     _, yaws, _ = view_grasp_to_base(np.array([[u, v]] * n, float), angles, np.full(n, 10.0), np.full(n, 0.02), calib, view)
     return int(np.argmin(np.abs(normalize_angle(yaws - yaw))))
+
+
+def test_finger_obstacle_is_the_highest_point_under_either_finger():
+    """A 4 cm bar along u and a 2 cm block beside it: closing across the bar at its middle
+    fully open, one finger comes down over the block (its height), the other on the floor;
+    closing along the bar both fingers come down on it; off everything, nothing."""
+    px = 0.004
+    s = np.zeros((64, 64), np.float32)
+    s[29:35, 17:47] = 0.04  # 24 mm x 120 mm
+    reach = int(round((GRIPPER_MAX_WIDTH / 2 + GRIPPER_FINGER_HALF_THICKNESS) / px))  # centre to a finger's centre
+    s[32 + reach - 1 : 32 + reach + 2, 30:35] = 0.02  # a block under the +v finger of a grasp at (32, 32)
+    ob = finger_obstacle(s, px, 4, np.full((64, 64), GRIPPER_MAX_WIDTH))
+    assert ob.shape == (4, 64, 64) and ob.dtype == np.float32
+    assert ob[2, 32, 32] == pytest.approx(0.02)  # across the bar: the block
+    assert ob[0, 32, 32] == pytest.approx(0.04)  # along it: the bar
+    assert ob[2, 10, 10] == 0.0
+    # A narrower opening brings the fingers in past the block, beside the bar.
+    assert finger_obstacle(s, px, 4, np.full((64, 64), 0.04))[2, 32, 32] == 0.0
+
+
+def test_decode_sweep_depth_raises_the_fingers_over_a_low_neighbour(calib):
+    """decode.sweep_depth: the best quality closes along a bar (the fingers would come down
+    on it); across it one finger comes down over a 2 cm block, so the decode answers the
+    across grasp with its fingertips raised to clear the block, still 1 cm or more below
+    the bar's top. A block too tall to clear that deep leaves the along grasp (a re-rank,
+    never a null). Validated in the artifact; exclusive with the rule."""
+    view = table_view(calib, (64, 64))
+    surface = _bar_in_view(calib, view, 0.5, 0.0, 0.0, half_len=0.07, half_w=0.012, top=0.04)
+    vs, us = np.nonzero(surface > 0)
+    v0, u0 = int(np.median(vs)), int(np.median(us))
+    n = 4
+    along_bar = _angle_bin_of(calib, view, u0, v0, yaw=0.0, n=n)
+    across_bar = _angle_bin_of(calib, view, u0, v0, yaw=math.pi / 2, n=n)
+    block = _bar_in_view(calib, view, 0.5, 0.05, 0.0, half_len=0.02, half_w=0.012, top=0.02)  # 5 cm off in +y
+    surface = np.maximum(surface, block)
+    q = np.full((n, 64, 64), 0.05, np.float32)
+    q[along_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.9
+    q[across_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.6
+    w = np.full((64, 64), 0.05, np.float32)
+    h = np.full((64, 64), 0.015, np.float32)  # the network's: 2.5 cm below the bar's top
+    plain = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface)
+    assert plain.angle_bin == along_bar and plain.grasp.position[2] == pytest.approx(calib.table_z + 0.015)
+    swept = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, sweep_depth=0.01)
+    assert swept.angle_bin == across_bar and swept.grasp.quality == pytest.approx(0.6)
+    assert swept.grasp.position[2] == pytest.approx(calib.table_z + 0.02 + ABOVE_TIPS, abs=1e-6)
+    tall = np.maximum(surface, np.where(block > 0, 0.035, 0.0).astype(np.float32))
+    still = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=tall, sweep_depth=0.01)
+    assert still.grasp is not None and still.angle_bin == along_bar
+    with pytest.raises(ValueError, match="exclusive"):
+        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, sweep_depth=0.01, rule={})
+    with pytest.raises(ValueError, match="surface map"):
+        decode_grasp(q, w, h, calib, view, 0.5, sweep_depth=0.01)
+    with pytest.raises(ValueError, match=r"must be in \[0, 0.05\] m"):
+        sweep_depth_option(0.2)

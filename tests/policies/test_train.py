@@ -55,6 +55,16 @@ def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_pat
     with pytest.raises(ValueError, match="jaws_on_part and policy.decode.rule are exclusive"):
         check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null",
                                   "policy.decode.jaws_on_part=0.75"]))
+    with pytest.raises(ValueError, match=r"sweep_depth must be in \[0, 0.05\] m"):
+        check_policy_config(_cfg(["policy.decode.sweep_depth=0.2"]))
+    with pytest.raises(ValueError, match="sweep_depth must be a number of metres"):
+        check_policy_config(_cfg(["policy.decode.sweep_depth=deep"]))
+    with pytest.raises(ValueError, match="sweep_depth and policy.decode.rule are exclusive"):
+        check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null",
+                                  "policy.decode.jaws_on_part=null", "policy.decode.sweep_depth=0.02"]))
+    with pytest.raises(ValueError, match="policy.decode.sweep_depth=null for a camera"):
+        check_policy_config(_cfg(["policy.view.kind=camera", "policy.geometry=null", "policy.decode.sweep_depth=0.02"]))
+    check_policy_config(_cfg(["policy.decode.sweep_depth=0.02"]))  # a table view takes it beside the shares
     # a table view takes the rule
     check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null",
                               "policy.decode.jaws_on_part=null"]))
