@@ -184,21 +184,36 @@ def test_finger_landing_sees_a_part_too_wide_for_the_opening():
     assert not finger_landing(np.zeros_like(occ), px, A, np.full((64, 64), 0.05)).any()
 
 
-def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
-    """decode.fingers_clear: the best quality closes along a bar longer than the opening;
-    the decode answers the across grasp instead, at its own (lower) quality; with every
-    angle blocked it still answers (a re-rank, never a null); exclusive with the rule."""
+def _bar_and_two_grasps(calib, n: int = 4):
+    """A 4 cm tall, 14 cm long bar along x at the workspace's middle on a 64 px table view,
+    and quality maps whose best grasp (0.9) closes along the bar at its centre and whose
+    second (0.6) closes across it there: ``(view, surface, quality, along_bin, across_bin)``."""
     view = table_view(calib, (64, 64))
     surface = _bar_in_view(calib, view, 0.5, 0.0, 0.0, half_len=0.07, half_w=0.012, top=0.04)
-    parts = surface > 0
-    vs, us = np.nonzero(parts)
+    vs, us = np.nonzero(surface > 0)
     v0, u0 = int(np.median(vs)), int(np.median(us))
-    n = 4
     along_bar = _angle_bin_of(calib, view, u0, v0, yaw=0.0, n=n)
     across_bar = _angle_bin_of(calib, view, u0, v0, yaw=math.pi / 2, n=n)
     q = np.full((n, 64, 64), 0.05, np.float32)
     q[along_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.9
     q[across_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.6
+    return view, surface, q, along_bar, across_bar
+
+
+def _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, **check):
+    """A decode check (``fingers_clear=...``, ``sweep_depth=...``) is exclusive with the rule
+    and needs the surface map."""
+    with pytest.raises(ValueError, match="exclusive"):
+        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, rule={}, **check)
+    with pytest.raises(ValueError, match="surface map"):
+        decode_grasp(q, w, h, calib, view, 0.5, **check)
+
+
+def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
+    """decode.fingers_clear: the best quality closes along a bar longer than the opening;
+    the decode answers the across grasp instead, at its own (lower) quality; with every
+    angle blocked it still answers (a re-rank, never a null); exclusive with the rule."""
+    view, surface, q, along_bar, across_bar = _bar_and_two_grasps(calib)
     w = np.full((64, 64), 0.05, np.float32)
     h = np.full((64, 64), 0.02, np.float32)
     plain = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface)
@@ -208,10 +223,7 @@ def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
     q[across_bar] = 0.05
     still = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, fingers_clear=0.25)
     assert still.grasp is not None and still.angle_bin == along_bar
-    with pytest.raises(ValueError, match="exclusive"):
-        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, fingers_clear=0.25, rule={})
-    with pytest.raises(ValueError, match="surface map"):
-        decode_grasp(q, w, h, calib, view, 0.5, fingers_clear=0.25)
+    _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, fingers_clear=0.25)
 
 
 def test_jaw_span_is_short_at_a_bars_end_and_along_a_thin_bar():
@@ -292,18 +304,9 @@ def test_decode_sweep_depth_raises_the_fingers_over_a_low_neighbour(calib):
     across grasp with its fingertips raised to clear the block, still 1 cm or more below
     the bar's top. A block too tall to clear that deep leaves the along grasp (a re-rank,
     never a null). Validated in the artifact; exclusive with the rule."""
-    view = table_view(calib, (64, 64))
-    surface = _bar_in_view(calib, view, 0.5, 0.0, 0.0, half_len=0.07, half_w=0.012, top=0.04)
-    vs, us = np.nonzero(surface > 0)
-    v0, u0 = int(np.median(vs)), int(np.median(us))
-    n = 4
-    along_bar = _angle_bin_of(calib, view, u0, v0, yaw=0.0, n=n)
-    across_bar = _angle_bin_of(calib, view, u0, v0, yaw=math.pi / 2, n=n)
+    view, surface, q, along_bar, across_bar = _bar_and_two_grasps(calib)
     block = _bar_in_view(calib, view, 0.5, 0.05, 0.0, half_len=0.02, half_w=0.012, top=0.02)  # 5 cm off in +y
     surface = np.maximum(surface, block)
-    q = np.full((n, 64, 64), 0.05, np.float32)
-    q[along_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.9
-    q[across_bar, v0 - 1 : v0 + 2, u0 - 1 : u0 + 2] = 0.6
     w = np.full((64, 64), 0.05, np.float32)
     h = np.full((64, 64), 0.015, np.float32)  # the network's: 2.5 cm below the bar's top
     plain = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface)
@@ -314,9 +317,6 @@ def test_decode_sweep_depth_raises_the_fingers_over_a_low_neighbour(calib):
     tall = np.maximum(surface, np.where(block > 0, 0.035, 0.0).astype(np.float32))
     still = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=tall, sweep_depth=0.01)
     assert still.grasp is not None and still.angle_bin == along_bar
-    with pytest.raises(ValueError, match="exclusive"):
-        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, sweep_depth=0.01, rule={})
-    with pytest.raises(ValueError, match="surface map"):
-        decode_grasp(q, w, h, calib, view, 0.5, sweep_depth=0.01)
+    _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, sweep_depth=0.01)
     with pytest.raises(ValueError, match=r"must be in \[0, 0.05\] m"):
         sweep_depth_option(0.2)
