@@ -19,7 +19,8 @@ Metadata (``format_version`` 1)::
                 "on_part_px": 1,                               (optional; needs surface or geometry)
                 "fingers_clear": 0.25,                         (optional; needs surface or geometry)
                 "jaws_on_part": 1.0,                           (optional; needs surface or geometry)
-                "sweep_depth": 0.02},                          (optional, metres; needs surface or geometry)
+                "sweep_depth": 0.02,                           (optional, metres; needs surface or geometry)
+                "part_centre": 0.3},                           (optional; needs surface or geometry)
      "geometry": {"onnx": "geometry.onnx", "input": {"name": "image", "mean": [3], "std": [3]},
                   "outputs": {"height": "height", "part": "part"}, "view": NetworkView.to_dict(),
                   "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.0072},  (optional)

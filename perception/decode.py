@@ -13,7 +13,9 @@ frame whose surface shows no part answers no grasp: a grasp on a bare bin floor 
 than none. With ``fingers_clear`` (``decode.fingers_clear``) a grasp whose fingers would come
 down on a part or a wall of the predicted ``surface`` is answered only when no other clears,
 and with ``jaws_on_part`` (``decode.jaws_on_part``) one whose jaws close on too little of a
-part (at its end, on its rim) only when no other meets enough.
+part (at its end, on its rim) only when no other meets enough. ``sweep_depth`` raises the
+fingertips over what the predicted surface puts under the fingers, and ``part_centre`` puts a
+grasp across a part's middle before one at its end (both measured, off by default).
 An artifact with a geometry graph (:mod:`perception.artifact`) hands in, as
 ``surface``, the one rebuilt from the camera-view heights it predicts.
 """
@@ -40,6 +42,7 @@ from perception.rule import (
     fitting_grasps,
     jaw_span,
     object_cells,
+    off_centre,
     rule_options,
     support_score,
 )
@@ -123,6 +126,7 @@ def decode_grasp(
     fingers_clear: float | None = None,
     jaws_on_part: float | None = None,
     sweep_depth: float | None = None,
+    part_centre: float | None = None,
     avoid: Sequence[Grasp] = (),
     avoid_radius: float = DEFAULT_REPEATS["radius"],
     avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
@@ -181,6 +185,12 @@ def decode_grasp(
             grasp at or above ``threshold`` can come down clear that deep: a re-rank at
             ``fingers_clear``'s level, never a null. The answered ``z`` is the raised height.
             Table views only; not with ``rule``.
+        part_centre: ``None``: off. Otherwise a weight in ``[0, 1]``: every grasp loses that
+            much times how far its centre lies from the centre of its part of the predicted
+            surface (:func:`perception.rule.off_centre`: 0 at the part's centroid, 1 at its
+            farthest cell or off it), so that within each check's tier a grasp across a
+            part's middle comes before one at its end of the same quality. Table views only;
+            not with ``rule``.
         avoid: grasps not to answer (:class:`perception.repeats.RepeatGuard`: they just
             failed on this scene): no candidate whose centre, at its own fingertip height,
             is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
@@ -234,12 +244,12 @@ def decode_grasp(
     else:
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
-    checks = fingers_clear is not None or jaws_on_part is not None or sweep_depth is not None
+    checks = any(c is not None for c in (fingers_clear, jaws_on_part, sweep_depth, part_centre))
     reranked = rerank is not None or checks
     if checks:
         if rule is not None:
-            raise ValueError("fingers_clear, jaws_on_part and sweep_depth are exclusive with rule: the rule's own "
-                             "test covers where the fingers land and the jaws close")
+            raise ValueError("fingers_clear, jaws_on_part, sweep_depth and part_centre are exclusive with rule: the "
+                             "rule's own test covers where the fingers land and the jaws close")
         # A check moves a grasp below every one that passes it, and keeps it above every grasp
         # below the threshold: it re-ranks, it never admits or removes one.
         with np.errstate(invalid="ignore"):
@@ -261,6 +271,11 @@ def decode_grasp(
         tips = np.maximum(hmap[None].astype(np.float32), need)  # NaN heights stay NaN: never valid
         top = np.nan_to_num(s, nan=0.0)[None]
         score = np.where(need > top - float(sweep_depth) + 1e-6, score - _BLOCKED_SHIFT, score)
+    if part_centre is not None:
+        if parts is None:
+            parts = _parts(surface, calib, view, "part_centre")
+        # Less than a check's shift (part_centre <= 1): it orders grasps within a tier, never across.
+        score = score - float(part_centre) * off_centre(parts)[None]
     abin = score.argmax(axis=0)
     if tips is not None:
         hmap = np.take_along_axis(tips, abin[None], axis=0)[0]

@@ -42,7 +42,7 @@ from perception.frames import (
 __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
     "fitting_grasps", "support_score", "finger_landing", "finger_obstacle", "share_option", "jaw_span",
-    "sweep_depth_option", "MAX_SWEEP_DEPTH",
+    "sweep_depth_option", "MAX_SWEEP_DEPTH", "off_centre",
     "SHARE_OPTIONS",
 ]
 
@@ -89,13 +89,14 @@ def rule_options(rule: Any) -> dict:
     return out
 
 
-#: The decode's re-ranking checks, each a share in [0, 1] (:func:`share_option`).
-SHARE_OPTIONS = ("fingers_clear", "jaws_on_part")
+#: The decode's re-ranking checks, each a number in [0, 1] (:func:`share_option`): two shares
+#: of a footprint and a weight on the quality's scale (``part_centre``: :func:`off_centre`).
+SHARE_OPTIONS = ("fingers_clear", "jaws_on_part", "part_centre")
 
 
 def share_option(value: Any) -> float:
     """A decode share option (``fingers_clear``: :func:`finger_landing`; ``jaws_on_part``:
-    :func:`jaw_span`), checked: a number in ``[0, 1]``.
+    :func:`jaw_span`; ``part_centre``: :func:`off_centre`), checked: a number in ``[0, 1]``.
 
     The one check of those options, for the artifact's ``decode`` and the policy config.
 
@@ -355,3 +356,24 @@ def finger_obstacle(surface: np.ndarray, px_m: float, angle_bins: int, opening: 
     highest = [cv2.dilate(s, (k > 0).astype(np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0)
                for k in _finger_kernels(int(angle_bins), step)]
     return _at_fingers(highest, step, opening, np.maximum)
+
+
+def off_centre(parts: np.ndarray) -> np.ndarray:
+    """``(H, W)`` float32 in ``[0, 1]``: how far each cell lies from the centre of the part
+    it is on, as a share of that part's reach (0 at the centroid of its connected cells,
+    1 at its farthest cell; 1 off every part). A grasp near a part's centre of area lifts
+    it with the least torque about the pads, the reason a part held at its end slips or
+    swings out (:func:`perception.decode.decode_grasp`'s ``part_centre``).
+    """
+    mask = np.asarray(parts, dtype=bool)
+    out = np.ones(mask.shape, dtype=np.float32)
+    n, labels, _, centroids = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    if n <= 1:
+        return out
+    vs, us = np.nonzero(mask)
+    lab = labels[vs, us]
+    d = np.hypot(us - centroids[lab, 0], vs - centroids[lab, 1])
+    reach = np.zeros(n)
+    np.maximum.at(reach, lab, d)
+    out[vs, us] = (d / np.maximum(reach[lab], 1.0)).astype(np.float32)  # a one-cell part: 0
+    return out

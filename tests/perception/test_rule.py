@@ -23,6 +23,7 @@ from perception.rule import (
     fitting_grasps,
     jaw_span,
     object_cells,
+    off_centre,
     support_score,
     sweep_depth_option,
 )
@@ -320,3 +321,37 @@ def test_decode_sweep_depth_raises_the_fingers_over_a_low_neighbour(calib):
     _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, sweep_depth=0.01)
     with pytest.raises(ValueError, match=r"must be in \[0, 0.05\] m"):
         sweep_depth_option(0.2)
+
+
+def test_off_centre_is_zero_at_a_parts_centroid_and_one_at_its_ends():
+    parts = np.zeros((40, 60), bool)
+    parts[18:23, 10:41] = True  # a bar, centroid (20, 25)
+    parts[5:8, 50:53] = True  # a small square, centroid (6, 51)
+    far = off_centre(parts)
+    assert far.shape == parts.shape and far.dtype == np.float32
+    assert far[20, 25] == 0.0 and far[6, 51] == 0.0
+    assert far[20, 10] > 0.95 and far[20, 40] > 0.95  # the bar's ends, measured on the bar alone
+    assert far[20, 18] == pytest.approx(7 / np.hypot(15, 2), abs=1e-6)
+    assert (far[~parts] == 1.0).all() and (far[parts] <= 1.0).all()
+    assert (off_centre(np.zeros((8, 8), bool)) == 1.0).all()
+
+
+def test_decode_part_centre_moves_the_grasp_from_a_bars_end_to_its_middle(calib):
+    """decode.part_centre: the best quality (0.9) crosses a bar near its end, a lower one
+    (0.8) across its middle; a weight of 0.3 answers the middle, a weight too small for
+    the quality gap leaves the end; exclusive with the rule and needs the surface."""
+    view, surface, _, _, across_bar = _bar_and_two_grasps(calib)
+    vs, us = np.nonzero(surface > 0)
+    assert np.ptp(vs) > 4 * np.ptp(us)  # the bar runs along the view's v
+    v0, u0, v_end = int(np.median(vs)), int(np.median(us)), int(vs.max()) - 1
+    q = np.full((4, 64, 64), 0.05, np.float32)
+    q[across_bar, v_end, u0] = 0.9
+    q[across_bar, v0, u0] = 0.8
+    w = np.full((64, 64), 0.05, np.float32)
+    h = np.full((64, 64), 0.02, np.float32)
+    plain = decode_grasp(q, w, h, calib, view, 0.5, surface=surface)
+    assert plain.view_pixel == (u0, v_end)
+    centred = decode_grasp(q, w, h, calib, view, 0.5, surface=surface, part_centre=0.3)
+    assert centred.view_pixel == (u0, v0) and centred.grasp.quality == pytest.approx(0.8)
+    assert decode_grasp(q, w, h, calib, view, 0.5, surface=surface, part_centre=0.05).view_pixel == (u0, v_end)
+    _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, part_centre=0.3)
