@@ -44,7 +44,7 @@ from perception.calibration import Calibration, default_calibration_path  # noqa
 from perception.decode import decode_grasp  # noqa: E402
 from perception.imageio import decode_image, encode_image  # noqa: E402
 from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
-from perception.rule import SHARE_OPTIONS  # noqa: E402
+from perception.rule import CHECK_OPTIONS  # noqa: E402
 from perception.testing import (  # noqa: E402
     free_port,
     resident_memory_bytes,
@@ -190,9 +190,9 @@ def run(args: argparse.Namespace) -> dict:
     # The decode's re-ranking checks side by side (where the fingers land, what the jaws meet):
     # the decode with them and without them, whichever the artifact has.
     defaults = OmegaConf.load(ROOT / "conf" / "policy" / "default.yaml").decode
-    checks_on = {**runner.meta.decode, **{k: runner.meta.decode.get(k, defaults.get(k)) for k in SHARE_OPTIONS}}
+    checks_on = {**runner.meta.decode, **{k: runner.meta.decode.get(k, defaults.get(k)) for k in CHECK_OPTIONS}}
     checks_on = {k: v for k, v in checks_on.items() if v is not None}  # an artifact without them: the config's defaults
-    checks_off = {k: v for k, v in runner.meta.decode.items() if k not in SHARE_OPTIONS}
+    checks_off = {k: v for k, v in runner.meta.decode.items() if k not in CHECK_OPTIONS}
     has_surface = runner.view.is_table and (runner.meta.geometry is not None or "surface" in runner.meta.outputs)
     if has_surface:
         stages["grasp_decode_checks_on"], stages["grasp_decode_checks_off"] = [], []
@@ -287,6 +287,7 @@ def run(args: argparse.Namespace) -> dict:
         "rss_mb": {"idle": rss_idle / 2**20, "after": rss / 2**20, "peak": hwm_kb / 1024},
         "load_avg": os.getloadavg()[0],
         "loads": loads,
+        "checks": [k for k in CHECK_OPTIONS if k in checks_on],  # the re-ranking checks timed on
     }
 
 
@@ -313,7 +314,7 @@ def to_markdown(res: dict) -> str:
         *([f"| stage: geometry graph + top-down rebuild | {st['geometry']['p50']:.1f} | {st['geometry']['p99']:.1f} |"]
           if "geometry" in st else []),
         f"| stage: grasp decode | {st['grasp_decode']['p50']:.2f} | {st['grasp_decode']['p99']:.2f} |",
-        *([f"| stage: grasp decode with the re-ranking checks (`fingers_clear`, `jaws_on_part`) / without them, "
+        *([f"| stage: grasp decode with the re-ranking checks ({', '.join(f'`{k}`' for k in res['checks'])}) / without them, "
            f"p50 ratio {st['grasp_decode_checks_on']['p50'] / max(st['grasp_decode_checks_off']['p50'], 1e-9):.2f}x "
            f"| {st['grasp_decode_checks_on']['p50']:.2f} / {st['grasp_decode_checks_off']['p50']:.2f} "
            f"| {st['grasp_decode_checks_on']['p99']:.2f} / {st['grasp_decode_checks_off']['p99']:.2f} |"]

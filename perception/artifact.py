@@ -63,7 +63,7 @@ from perception.calibration import Calibration, CalibrationError
 from perception.frames import rotation_angle
 from perception.geometry import NetworkView, SurfaceRebuild
 from perception.preprocess import preprocess, to_network_input
-from perception.rule import SHARE_OPTIONS, rule_options, share_option, sweep_depth_option
+from perception.rule import CHECK_OPTIONS, rule_options
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -246,7 +246,7 @@ def _decode_options(d: Any) -> dict:
     """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
     if not isinstance(d, dict):
         raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", "sweep_depth", *SHARE_OPTIONS}
+    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", *CHECK_OPTIONS}
     if unknown:
         raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
     try:
@@ -262,22 +262,15 @@ def _decode_options(d: Any) -> dict:
             raise ArtifactError(f"artifact metadata field 'decode.on_part_px' must be an integer: {exc}") from exc
         if out["on_part_px"] < 0:
             raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
-    for key in SHARE_OPTIONS:  # the decode's re-ranking checks
+    for key, check in CHECK_OPTIONS.items():  # the decode's re-ranking checks
         if d.get(key) is None:
             continue
         try:
-            out[key] = share_option(d[key])
+            out[key] = check(d[key])
         except ValueError as exc:
             raise ArtifactError(f"artifact metadata field 'decode.{key}' {exc}") from exc
         if d.get("rule") is not None:
             raise ArtifactError(f"artifact metadata fields 'decode.{key}' and 'decode.rule' are exclusive")
-    if d.get("sweep_depth") is not None:
-        try:
-            out["sweep_depth"] = sweep_depth_option(d["sweep_depth"])
-        except ValueError as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.sweep_depth' {exc}") from exc
-        if d.get("rule") is not None:
-            raise ArtifactError("artifact metadata fields 'decode.sweep_depth' and 'decode.rule' are exclusive")
     if d.get("rule") is not None:
         try:
             out["rule"] = rule_options(d["rule"])
@@ -376,7 +369,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     geometry = _geometry_metadata(root, raw["geometry"]) if raw.get("geometry") is not None else None
     if geometry is not None and not view.is_table:
         raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
-    for key in ("rule", "on_part_px", "sweep_depth", *SHARE_OPTIONS):
+    for key in ("rule", "on_part_px", *CHECK_OPTIONS):
         if key in decode and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")

@@ -254,7 +254,8 @@ def decode_grasp(
         # below the threshold: it re-ranks, it never admits or removes one.
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, score, -np.inf)
-    opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
+    if fingers_clear is not None or sweep_depth is not None:  # the opening the fingers come down at
+        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
     if fingers_clear is not None:
         landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
         score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)

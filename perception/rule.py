@@ -43,7 +43,7 @@ __all__ = [
     "GRASP_DEPTH", "WIDTH_MARGIN", "ABOVE_TIPS", "OBJECT_HEIGHT", "DEFAULT_RULE", "RuleMaps", "rule_options", "object_cells",
     "fitting_grasps", "support_score", "finger_landing", "finger_obstacle", "share_option", "jaw_span",
     "sweep_depth_option", "MAX_SWEEP_DEPTH", "off_centre",
-    "SHARE_OPTIONS",
+    "CHECK_OPTIONS",
 ]
 
 #: How deep the fingertips go below the top of the part they close around, metres.
@@ -89,11 +89,6 @@ def rule_options(rule: Any) -> dict:
     return out
 
 
-#: The decode's re-ranking checks, each a number in [0, 1] (:func:`share_option`): two shares
-#: of a footprint and a weight on the quality's scale (``part_centre``: :func:`off_centre`).
-SHARE_OPTIONS = ("fingers_clear", "jaws_on_part", "part_centre")
-
-
 def share_option(value: Any) -> float:
     """A decode share option (``fingers_clear``: :func:`finger_landing`; ``jaws_on_part``:
     :func:`jaw_span`; ``part_centre``: :func:`off_centre`), checked: a number in ``[0, 1]``.
@@ -132,6 +127,13 @@ def sweep_depth_option(value: Any) -> float:
     if not 0.0 <= depth <= MAX_SWEEP_DEPTH:  # NaN fails too
         raise ValueError(f"must be in [0, {MAX_SWEEP_DEPTH}] m (or null: off), got {value!r}")
     return depth
+
+
+#: Every re-ranking check of the decode, name to its validator, in the order the errors name them:
+#: the one list the artifact, the policy config and the service benchmark read. Three are numbers
+#: in [0, 1] (two shares of a footprint, one weight on the quality's scale), one is metres.
+CHECK_OPTIONS: dict[str, Any] = {"fingers_clear": share_option, "jaws_on_part": share_option,
+                                 "sweep_depth": sweep_depth_option, "part_centre": share_option}
 
 
 def object_cells(surface: np.ndarray, region: np.ndarray | None = None, object_height: float = OBJECT_HEIGHT,
@@ -301,11 +303,11 @@ def jaw_span(parts: np.ndarray, px_m: float, angle_bins: int) -> np.ndarray:
     return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding
 
 
-def _at_fingers(maps: list[np.ndarray], px_m: float, opening: np.ndarray, reduce: Any) -> np.ndarray:
+def _at_fingers(maps: list[np.ndarray], px_m: float, opening: np.ndarray) -> np.ndarray:
     """``(A, H, W)``: per angle bin, ``maps[a]`` (``(H, W)``, a value per finger centre) read at
     both fingers of a grasp centred on every cell and opened to ``opening`` (``(H, W)`` metres;
-    a finger's inner face at half the opening from the centre), the two combined by ``reduce``
-    (``np.maximum``). Cells outside the grid read 0 (free), as in :func:`fitting_grasps`."""
+    a finger's inner face at half the opening from the centre), the larger of the two.
+    Cells outside the grid read 0 (free), as in :func:`fitting_grasps`."""
     H, W = maps[0].shape
     A = len(maps)
     half = np.clip(np.nan_to_num(np.asarray(opening, dtype=np.float64), nan=GRIPPER_MAX_WIDTH), 0.0, GRIPPER_MAX_WIDTH) / 2
@@ -320,7 +322,7 @@ def _at_fingers(maps: list[np.ndarray], px_m: float, opening: np.ndarray, reduce
         padded = np.pad(maps[a], pad).ravel()
         # The finger's centre, to the nearest cell.
         offset = np.rint(r * math.sin(ang)).astype(np.int64) * Wp + np.rint(r * math.cos(ang)).astype(np.int64)
-        reduce(padded[centre + offset], padded[centre - offset], out=out[a])
+        np.maximum(padded[centre + offset], padded[centre - offset], out=out[a])
     return out.reshape(A, H, W)
 
 
@@ -339,7 +341,7 @@ def finger_landing(obstacles: np.ndarray, px_m: float, angle_bins: int, opening:
     step = round(float(px_m), 9)
     # One share map per angle: the footprint's cover at every cell as a finger's centre.
     cover = [cv2.filter2D(occ, -1, k, borderType=cv2.BORDER_CONSTANT) for k in _finger_kernels(int(angle_bins), step)]
-    out = _at_fingers(cover, step, opening, np.maximum)
+    out = _at_fingers(cover, step, opening)
     return np.clip(out, 0.0, 1.0, out=out)  # the filter's sums carry float rounding
 
 
@@ -355,7 +357,7 @@ def finger_obstacle(surface: np.ndarray, px_m: float, angle_bins: int, opening: 
     step = round(float(px_m), 9)
     highest = [cv2.dilate(s, (k > 0).astype(np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0)
                for k in _finger_kernels(int(angle_bins), step)]
-    return _at_fingers(highest, step, opening, np.maximum)
+    return _at_fingers(highest, step, opening)
 
 
 def off_centre(parts: np.ndarray) -> np.ndarray:

@@ -65,7 +65,7 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    from perception.rule import SHARE_OPTIONS, rule_options, share_option, sweep_depth_option
+    from perception.rule import CHECK_OPTIONS, rule_options
 
     decode = pcfg.get("decode") or {}
     rule = decode.get("rule")
@@ -77,18 +77,12 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         if kind != "table":
             raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
                              "set policy.decode.rule=null for a camera view")
-    shares = [key for key in SHARE_OPTIONS if decode.get(key) is not None]  # the decode's re-ranking checks
+    shares = [key for key in CHECK_OPTIONS if decode.get(key) is not None]  # the decode's re-ranking checks
     for key in shares:
         try:
-            share_option(decode[key])
+            CHECK_OPTIONS[key](decode[key])
         except ValueError as exc:
             raise ValueError(f"policy.decode.{key} {exc}") from exc
-    if decode.get("sweep_depth") is not None:
-        try:
-            sweep_depth_option(decode["sweep_depth"])
-        except ValueError as exc:
-            raise ValueError(f"policy.decode.sweep_depth {exc}") from exc
-        shares.append("sweep_depth")  # the same re-ranking kind: top-down view only, not with the rule
     if shares and kind != "table":
         raise ValueError(f"policy.decode.{' and '.join(shares)} need the top-down view (policy.view.kind=table); "
                          f"set {' '.join(f'policy.decode.{k}=null' for k in shares)} for a camera view")
