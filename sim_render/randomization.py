@@ -23,7 +23,9 @@ Randomizations (sections of ``conf/render/*.yaml``, units there):
 - ``empty_scene_prob`` (optional, :meth:`sim_render.scene.SceneRenderer.is_empty`): the
   share of scenes that are an empty bin.
 - ``lighting``: direction (``azimuth``, ``elevation``), ``color`` per channel,
-  ``distance``, ``ambient``/``diffuse``/``specular`` coefficients, ``shadow_prob``.
+  ``distance``, ``ambient``/``diffuse``/``specular`` coefficients, ``shadow_prob``;
+  ``cast_shadow`` (optional): shadows traced towards that light and darkened to a share of
+  the light left in them (:mod:`sim_render.shadows`).
 - ``camera``: pose, focal length, principal point and ``k1``/``k2`` jitter.
 - ``distractors``: visual-only shapes on the table outside the workspace.
 - ``physics``: friction, mass, restitution, gripper force (sampled here, applied
@@ -45,6 +47,7 @@ from perception.calibration import Calibration
 from perception.geometry import project_points
 from sim_render.camera import RENDERERS, render_camera
 from sim_render.sensor import SENSOR_KEYS, apply_sensor, as_plain, draw_range
+from sim_render.shadows import apply_cast_shadow, cast_shadow_mask, sample_cast_shadow, validate_cast_shadow
 from sim_render.surfaces import (
     NEUTRAL_ALBEDO,
     apply_surface_textures,
@@ -174,6 +177,8 @@ def validate_profile(cfg: Mapping) -> None:
         for i, channel in enumerate("rgb"):
             check_range({channel: light["color"][i]}, channel, "lighting.color", 0.0)
     check_prob(light, "shadow_prob", "lighting")
+    if light.get("cast_shadow") is not None:
+        problems += validate_cast_shadow(light["cast_shadow"])
     tex = cfg["textures"]
     kinds: set[str] = set()
     for surface in _SURFACES:
@@ -676,7 +681,8 @@ def render_randomized(
     """Randomize the look of a settled scene and render one raw frame.
 
     Order of draws: camera, visuals, surface textures (profiles with a
-    ``surface_textures`` section only), lighting, distractors, sensor.
+    ``surface_textures`` section only), lighting, its cast shadow (profiles with
+    ``lighting.cast_shadow`` on only), distractors, sensor.
 
     Args:
         client: the ``BulletClient`` holding the scene.
@@ -700,6 +706,8 @@ def render_randomized(
         _neutral_where_textured(visuals, drawn)
         apply_visual_params(client, bodies, visuals)
     lighting = sample_lighting(rng, cfg["lighting"])
+    shadow_cfg = cfg["lighting"].get("cast_shadow")
+    shadow = sample_cast_shadow(rng, shadow_cfg)
     distractors: list[dict] = []
     ids = add_distractors(client, camera, rng, cfg, table=bodies.table, params_out=distractors)
     size = _render_size(nominal, cfg)
@@ -708,12 +716,17 @@ def render_randomized(
         rgb, depth, seg = render_camera(
             client, scaled, float(cfg["render_margin"]), str(cfg["renderer"]), lighting
         )
+        if shadow is not None:  # traced while the distractors still stand: they cast shadows too
+            shadow_mask = cast_shadow_mask(client, depth, seg, scaled, lighting["lightDirection"],
+                                           float(shadow_cfg["resolution"]), float(shadow_cfg["max_rise"]))
     finally:
         remove_bodies(client, ids)
     if drawn is not None:
         rgb = apply_surface_textures(
             rgb, depth, masks_for(seg, bodies), scaled, drawn, surface_cfg, cfg["colors"]
         )
+    if shadow is not None:
+        rgb = apply_cast_shadow(rgb, shadow_mask, shadow)
     rgb, sensor = apply_sensor(rgb, rng, cfg["sensor"], pixel_scale=size[0] / nominal.width)
     params = {
         "camera": cam_params,
@@ -724,4 +737,6 @@ def render_randomized(
     }
     if drawn is not None:
         params["surface_textures"] = drawn
+    if shadow is not None:
+        params["cast_shadow"] = shadow
     return RenderedFrame(rgb=rgb, depth=depth, seg_raw=seg, camera=scaled, params=params, distractor_ids=ids)

@@ -65,10 +65,10 @@ def calib() -> Calibration:
 def test_profile_is_complete_and_valid(name):
     cfg = _profile(name)
     assert cfg["name"] == name
-    # Sections a profile may leave out (then off): image-space textures and empty bins.
-    optional = ("surface_textures", "empty_scene_prob", "bin_walls")
-    strip = lambda c: {k: v for k, v in c.items() if k not in optional}  # noqa: E731
-    assert _keys(strip(cfg)) == _keys(strip(_profile("randomized")))
+    # Sections a profile may leave out (then off): image-space textures, empty bins, traced shadows.
+    optional = ("surface_textures", "empty_scene_prob", "bin_walls", "lighting.cast_shadow")
+    keys = lambda c: {k for k in _keys(c) if not any(k == o or k.startswith(o + ".") for o in optional)}  # noqa: E731
+    assert keys(cfg) == keys(_profile("randomized"))
     validate_profile(OmegaConf.create(cfg))
 
 
