@@ -8,7 +8,7 @@
    length), scaled to 128 px.
 1b. Milliseconds per frame at the pipeline's render size with the randomization of issue 11
    (natural-image surface textures, Bayer mosaic, sharpening, shadows on every frame)
-   against the profile before it.
+   against the profile before it, and with the traced cast shadows on every frame as well.
 2. Two render workers against one (scenes/s of ``sim2real-render``, same data).
 3. Physics-verified grasp labels per core-second, end to end (scene building
    included), against PyBullet's ``KukaDiverseObjectEnv`` episode loop (needs
@@ -96,16 +96,19 @@ def bench_new_randomization(n: int) -> dict:
     client, bodies = st["cell"].client, st["cell"].bodies
     on = dict(as_plain(cfg))
     off = _without_new_randomization(on)
-    times = {"off": 0.0, "on": 0.0}
+    # The traced cast shadows (sim_render/shadows.py, off in the profile), on every frame.
+    shadows = {**on, "lighting": {**on["lighting"], "cast_shadow": {**on["lighting"]["cast_shadow"], "prob": 1.0}}}
+    times = {"off": 0.0, "on": 0.0, "shadows": 0.0}
     rng = np.random.default_rng(0)
     for _ in range(5):
-        for name, plain in (("off", off), ("on", on)):
+        for name, plain in (("off", off), ("on", on), ("shadows", shadows)):
             t0 = time.perf_counter()
             for _ in range(n):
                 render_randomized(client, bodies, calib, rng, plain)
             times[name] += time.perf_counter() - t0
     ms = {k: 1000 * v / (5 * n) for k, v in times.items()}
     return {"frame_ms_off": ms["off"], "frame_ms_on": ms["on"], "ratio": ms["on"] / ms["off"],
+            "frame_ms_cast_shadows": ms["shadows"], "ratio_cast_shadows": ms["shadows"] / ms["off"],
             "render_size": list(render_size(calib, float(cfg.resolution_scale)))}
 
 
@@ -214,13 +217,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--only-randomization", action="store_true", help="run 1b alone (the per-frame cost)")
     args = ap.parse_args()
     q = args.quick
     res: dict = {}
-    res["frames_128"] = bench_frames(10 if q else 40)
-    print("1. frames/s at 128x128:", json.dumps(res["frames_128"]))
+    if not args.only_randomization:
+        res["frames_128"] = bench_frames(10 if q else 40)
+        print("1. frames/s at 128x128:", json.dumps(res["frames_128"]))
     res["new_randomization"] = bench_new_randomization(4 if q else 20)
-    print("1b. natural textures + CFA/ISP, off vs on:", json.dumps(res["new_randomization"]))
+    print("1b. natural textures + CFA/ISP (and traced cast shadows), off vs on:", json.dumps(res["new_randomization"]))
+    if args.only_randomization:
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return
     res["workers"] = bench_workers(4 if q else 24)
     print("2. two workers vs one:", json.dumps(res["workers"]))
     labels = bench_labels(3 if q else 12)

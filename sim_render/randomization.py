@@ -716,11 +716,11 @@ def render_randomized(
         rgb, depth, seg = render_camera(
             client, scaled, float(cfg["render_margin"]), str(cfg["renderer"]), lighting
         )
-        if shadow is not None:  # traced while the distractors still stand: they cast shadows too
-            shadow_mask = cast_shadow_mask(client, depth, seg, scaled, lighting["lightDirection"],
-                                           float(shadow_cfg["resolution"]), float(shadow_cfg["max_rise"]))
     finally:
         remove_bodies(client, ids)
+    if shadow is not None:  # the distractors have no collision shape: they cast no traced shadow
+        shadow_mask = cast_shadow_mask(client, depth, seg, scaled, lighting["lightDirection"],
+                                       float(shadow_cfg["resolution"]), float(shadow_cfg["max_rise"]))
     if drawn is not None:
         rgb = apply_surface_textures(
             rgb, depth, masks_for(seg, bodies), scaled, drawn, surface_cfg, cfg["colors"]
