@@ -18,7 +18,9 @@ Randomization (``lighting.cast_shadow`` in ``conf/render/*.yaml``; a profile wit
 renders as before): ``prob`` (per frame), ``light_left`` (fraction of the light a shadowed
 point keeps), ``penumbra`` (px at the render size), ``resolution`` (fraction of the render
 size the rays are cast at) and ``max_rise`` (metres above a point that a caster can stand:
-the parts and the walls, never the parked gripper).
+the parts and the walls, never the parked gripper). A frame's stored ``cast_shadow``
+parameters, with its ``lighting.lightDirection`` and the profile's ``resolution`` and
+``max_rise``, replay it (:func:`cast_shadow_mask` then :func:`apply_cast_shadow`).
 """
 
 from __future__ import annotations
