@@ -25,6 +25,7 @@ parameters, with its ``lighting.lightDirection`` and the profile's ``resolution`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -123,7 +124,14 @@ def validate_cast_shadow(cfg: Mapping) -> list[str]:
             problems.append(f"lighting.cast_shadow.{key} is missing")
     if problems:
         return problems
-    if not 0.0 <= float(cfg["prob"]) <= 1.0:
+
+    def number(key: str) -> float:
+        try:
+            return float(cfg[key])
+        except (TypeError, ValueError):
+            return math.nan  # fails every range check below, named there
+
+    if not 0.0 <= number("prob") <= 1.0:
         problems.append("lighting.cast_shadow.prob must be a probability in [0, 1]")
     for key, lo, hi in (("light_left", 0.0, 1.0), ("penumbra", 0.0, None)):
         try:
@@ -134,8 +142,8 @@ def validate_cast_shadow(cfg: Mapping) -> list[str]:
         if not (lo <= a <= b and (hi is None or b <= hi)):
             problems.append(f"lighting.cast_shadow.{key} must be a range [lo, hi] within "
                             f"[{lo}, {'inf' if hi is None else hi}], got {list(cfg[key])}")
-    if not 0.0 < float(cfg["resolution"]) <= 1.0:
+    if not 0.0 < number("resolution") <= 1.0:
         problems.append("lighting.cast_shadow.resolution must be in (0, 1]")
-    if not float(cfg["max_rise"]) > 0.0:
+    if not number("max_rise") > 0.0:
         problems.append("lighting.cast_shadow.max_rise must be > 0 m")
     return problems

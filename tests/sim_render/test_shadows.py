@@ -128,7 +128,8 @@ def test_bad_settings_are_named():
     good = {"prob": 1.0, "light_left": [0.1, 0.6], "penumbra": [0.5, 3.0], "resolution": 0.25, "max_rise": 0.3}
     assert validate_cast_shadow(good) == []
     for key, value in (("light_left", [0.5, 1.5]), ("penumbra", [3.0, 1.0]), ("resolution", 0.0),
-                       ("max_rise", -1.0), ("prob", 2.0)):
+                       ("max_rise", -1.0), ("prob", 2.0), ("prob", "often"), ("resolution", None),
+                       ("light_left", "dark")):
         problems = validate_cast_shadow({**good, key: value})
         assert len(problems) == 1 and f"cast_shadow.{key}" in problems[0]
     profile = to_plain(compose_config("render", ["render=randomized"]).render)
