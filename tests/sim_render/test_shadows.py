@@ -167,6 +167,7 @@ def test_the_randomized_profile_renders_darker_shadows_when_on(calib, scene):
     cfg = to_plain(compose_config("render", ["render=randomized"]).render)
     cfg["lighting"]["elevation"] = [0.6, 0.6]  # a low lamp: long shadows inside the bin
     cfg["distractors"]["count"] = [0, 0]  # their draws follow the shadow's: the same frame without them
+    cfg["lighting"]["cast_shadow"]["prob"] = 0.0
     off = render_randomized(client, bodies, calib, np.random.default_rng(4), cfg)
     assert "cast_shadow" not in off.params
     cfg["lighting"]["cast_shadow"].update(prob=1.0, light_left=[0.2, 0.2], penumbra=[0.0, 0.0])
