@@ -52,7 +52,9 @@ def frames_panel(calib: Calibration, n_scenes: int, seed: int) -> np.ndarray:
 
 
 def shadows_panel(calib: Calibration, n_scenes: int, seed: int) -> np.ndarray:
-    cfg = dict(as_plain(load_profile("randomized", ["render.empty_scene_prob=0.0", "render.lighting.elevation=[0.5,0.9]"])))
+    # The frame as rendered without the traced shadow (the profile draws one on every frame), then with it.
+    cfg = dict(as_plain(load_profile("randomized", ["render.empty_scene_prob=0.0", "render.lighting.elevation=[0.5,0.9]",
+                                                    "render.lighting.cast_shadow.prob=0.0"])))
     shadow = cfg["lighting"]["cast_shadow"]
     renderer = SceneRenderer(calib, cfg, seed)
     rows = []
