@@ -40,7 +40,7 @@ import cv2
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["draw_range", "as_plain", "apply_sensor", "apply_sensor_params", "tone_lut", "SENSOR_KEYS"]
+__all__ = ["draw_range", "draw_ranges", "as_plain", "apply_sensor", "apply_sensor_params", "tone_lut", "SENSOR_KEYS"]
 
 #: The keys of a ``sensor:`` config section.
 SENSOR_KEYS = (
@@ -121,6 +121,19 @@ def draw_range(rng: np.random.Generator, value: Any) -> float:
         raise ValueError(f"a range must be [lo, hi] with lo <= hi, got {list(value)}")
     lo, hi = pair
     return lo if lo == hi else lo + (hi - lo) * u
+
+
+def draw_ranges(rng: np.random.Generator, value: Any, n: int) -> np.ndarray:
+    """``n`` draws of :func:`draw_range` at once: the same ``(n,)`` values, the generator
+    advanced alike (``rng.random(n)`` is ``n`` successive ``rng.random()``)."""
+    u = rng.random(n)
+    if isinstance(value, int | float):
+        return np.full(n, float(value))
+    pair = [float(v) for v in value]
+    if len(pair) != 2 or pair[0] > pair[1]:
+        raise ValueError(f"a range must be [lo, hi] with lo <= hi, got {list(value)}")
+    lo, hi = pair
+    return np.full(n, lo) if lo == hi else lo + (hi - lo) * u
 
 
 def tone_lut(gains: tuple[float, float, float], gamma: float, contrast: float) -> np.ndarray:

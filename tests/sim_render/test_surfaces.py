@@ -13,10 +13,14 @@ from omegaconf import OmegaConf
 
 from perception.calibration import Calibration, default_calibration_path
 from sim_render.randomization import render_randomized, validate_profile
-from sim_render.sensor import apply_sensor_params
+from sim_render.sensor import apply_sensor_params, draw_range, draw_ranges
 from sim_render.surfaces import (
     FAMILIES,
+    _ray_grid,
     _spectral_field,
+    _unit_gradient,
+    _wrap,
+    dead_leaves,
     make_surface_texture,
     sample_surface_textures,
     surface_coordinates,
@@ -86,6 +90,64 @@ def test_dead_leaves_have_edges_at_every_scale():
         assert np.abs(np.diff(g, axis=1)).max() > 0.05
 
 
+# ------------------------------------------- the fast paths, bit for bit (render cost)
+def test_dead_leaves_draw_the_discs_int_and_round_give_one_by_one():
+    p = _profile()["surface_textures"]["families"]["dead_leaves"]
+    for seed in range(20):
+        got = dead_leaves(np.random.default_rng(seed), 128, p)
+        # The draws of dead_leaves replayed, each disc placed with Python's int() and round().
+        rng = np.random.default_rng(seed)
+        n = int(round(draw_range(rng, p["count"])))
+        r0, r1 = (float(v) * 128 for v in p["radius"])
+        u = rng.random(n)
+        radii = (max(r0, 0.5) ** -2 - u * (max(r0, 0.5) ** -2 - r1**-2)) ** -0.5
+        centres, levels = rng.random((n, 2)) * 128, rng.random(n)
+        want = np.full((128, 128), float(rng.random()), np.float32)
+        for (x, y), r, level in zip(centres, radii, levels):
+            cv2.circle(want, (int(x), int(y)), max(int(round(r)), 1), float(level), -1, cv2.LINE_AA)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_draw_ranges_are_successive_draw_range():
+    for value in ([0.2, 0.9], [0.5, 0.5], 0.3):
+        a, b = np.random.default_rng(3), np.random.default_rng(3)
+        np.testing.assert_array_equal(draw_ranges(a, value, 50), [draw_range(b, value) for _ in range(50)])
+        assert a.random() == b.random()  # the generators advanced alike
+    with pytest.raises(ValueError, match="lo <= hi"):
+        draw_ranges(np.random.default_rng(0), [1.0, 0.0], 3)
+
+
+def test_unit_gradient_is_numpys_gradient():
+    a = np.random.default_rng(0).standard_normal((3, 17, 23)).astype(np.float32)
+    for axis in (1, 2):
+        got = _unit_gradient(a, axis)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, np.gradient(a, axis=axis))
+
+
+@pytest.mark.parametrize("n", [128, 64, 32, 4])
+def test_wrap_is_numpys_remainder_for_a_power_of_two(n):
+    a = (np.random.default_rng(n).standard_normal(20000) * 700).astype(np.float32)
+    a[:6] = [-0.0, -n, -1e-6, -(2.0**-30), n, 3 * n]  # signed zero, multiples, and what rounds up to n
+    got = _wrap(a, n)
+    np.testing.assert_array_equal(got, np.remainder(a, np.float32(n)))
+    assert not np.signbit(got).any() and got.max() <= n
+
+
+def test_ray_grid_maps_interpolate_as_the_float_maps_do():
+    """The fixed-point maps made once per frame size look up what the float maps would."""
+    h, w = 61, 83
+    px, shape, map_xy, map_frac = _ray_grid(h, w)
+    grid = np.random.default_rng(1).random((*shape, 2)).astype(np.float32)
+    gu, gv = np.unique(px[:, 0]), np.unique(px[:, 1])
+    mu, mv = np.meshgrid(np.interp(np.arange(w), gu, np.arange(len(gu))).astype(np.float32),
+                         np.interp(np.arange(h), gv, np.arange(len(gv))).astype(np.float32))
+    want = cv2.remap(grid, mu, mv, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    got = cv2.remap(grid, map_xy, map_frac, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    np.testing.assert_array_equal(got, want)
+    assert _ray_grid(h, w)[2] is map_xy and not map_xy.flags.writeable  # made once, shared read-only
+
+
 def test_held_out_family_is_never_drawn():
     cfg = _profile()["surface_textures"]
     cfg["table"]["prob"] = 1.0
@@ -121,6 +183,33 @@ def test_surface_coordinates_are_base_coordinates_on_the_table(calib):
     coords, footprint = surface_coordinates(depth, cam)
     np.testing.assert_allclose(coords[5:-5, 5:-5], pts[5:-5, 5:-5, :2], atol=1e-3)  # < a pixel footprint
     assert 0.0005 < float(np.median(footprint)) < 0.02  # metres a pixel spans on the table
+
+
+def test_surface_coordinates_are_the_cross_product_formula_bit_for_bit(calib):
+    """The plane-by-plane arithmetic gives what np.gradient, np.cross and argmax give on (H, W, 3)."""
+    cam = calib.scaled((160, 120))
+    rng = np.random.default_rng(4)
+    # A table at 0.8-1.2 m with steps and boxes in it: every face direction and its ties.
+    depth = (1.0 + 0.2 * cv2.resize(rng.random((6, 8)), (160, 120), interpolation=cv2.INTER_NEAREST)).astype(np.float32)
+    depth += (0.01 * rng.standard_normal((120, 160))).astype(np.float32) * (rng.random((120, 160)) < 0.3)
+    coords, footprint = surface_coordinates(depth, cam)
+    px, shape, _, _ = _ray_grid(120, 160)
+    from perception.geometry import raw_pixels_to_rays
+
+    gu, gv = np.unique(px[:, 0]), np.unique(px[:, 1])
+    mu, mv = np.meshgrid(np.interp(np.arange(160), gu, np.arange(len(gu))).astype(np.float32),
+                         np.interp(np.arange(120), gv, np.arange(len(gv))).astype(np.float32))
+    grid = raw_pixels_to_rays(px, cam)[:, :2].reshape(*shape, 2).astype(np.float32)
+    xy = cv2.remap(grid, mu, mv, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    T = cam.T_base_camera.astype(np.float32)
+    pts = np.concatenate([xy * depth[..., None], depth[..., None]], axis=2) @ T[:3, :3].T + T[:3, 3]
+    du, dv = np.gradient(pts, axis=1), np.gradient(pts, axis=0)
+    axis = np.argmax(np.abs(np.cross(du, dv)), axis=2)
+    assert len(np.unique(axis)) == 3  # the scene has faces along x, along y and up
+    x, y, z = pts[..., 0], pts[..., 1], pts[..., 2]
+    np.testing.assert_array_equal(coords, np.stack([np.where(axis == 0, y, x), np.where(axis == 2, y, z)], axis=2))
+    np.testing.assert_array_equal(
+        footprint, np.sqrt(np.linalg.norm(du, axis=2) * np.linalg.norm(dv, axis=2)).astype(np.float32))
 
 
 def _high_freq(img: np.ndarray, mask: np.ndarray) -> float:
