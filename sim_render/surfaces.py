@@ -347,9 +347,11 @@ def surface_coordinates(depth: np.ndarray, camera: Calibration) -> tuple[np.ndar
     d = depth.astype(np.float32)
     T = camera.T_base_camera.astype(np.float32)
     cam = np.concatenate([xy * d[..., None], d[..., None]], axis=2)
-    # One (H*W, 3) product, then a channel-first copy: the differences, cross product and
-    # norms below run on contiguous planes (half the time of the (H, W, 3) versions, same bits).
-    pts = np.moveaxis((cam.reshape(-1, 3) @ T[:3, :3].T + T[:3, 3]).reshape(h, w, 3), 2, 0).copy()
+    # A channel-first copy: the differences, cross product and norms below run on contiguous
+    # planes (half the time of the (H, W, 3) versions, same bits). The product stays stacked
+    # (H, W, 3) @ (3, 3): as one (H*W, 3) matrix it goes to multithreaded BLAS, whose spinning
+    # threads slow the other render worker on the same cores.
+    pts = np.moveaxis(cam @ T[:3, :3].T + T[:3, 3], 2, 0).copy()
     du, dv = _unit_gradient(pts, 2), _unit_gradient(pts, 1)
     n_x = np.abs(du[1] * dv[2] - du[2] * dv[1])
     n_y = np.abs(du[2] * dv[0] - du[0] * dv[2])
@@ -389,7 +391,7 @@ def _sample(texture: np.ndarray, coords: np.ndarray, footprint: float, t: Mappin
         img = cv2.pyrDown(img)
     texel *= 2**levels
     c, s = np.cos(t["angle"]), np.sin(t["angle"])
-    rot = (coords.reshape(-1, 2) @ np.array([[c, s], [-s, c]], np.float32)).reshape(coords.shape)
+    rot = coords @ np.array([[c, s], [-s, c]], np.float32)
     n = img.shape[0]
     m = _wrap(rot / texel + np.asarray(t["offset"], np.float32) * n, n)
     return cv2.remap(img, m[..., 0], m[..., 1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_WRAP)
