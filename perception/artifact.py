@@ -23,7 +23,10 @@ Metadata (``format_version`` 1)::
                 "part_centre": 0.3},                           (optional; needs surface or geometry)
      "geometry": {"onnx": "geometry.onnx", "input": {"name": "image", "mean": [3], "std": [3]},
                   "outputs": {"height": "height", "part": "part"}, "view": NetworkView.to_dict(),
-                  "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.0072},  (optional)
+                  "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.0072,
+                  "int8": {...}},                              (optional; int8 optional, as below)
+     "int8": {"onnx": "policy.int8.onnx", "onnx_sha256": "<hex>", "frames": 64,
+              "max_abs_diff": {...}, "mean_abs_diff": {...}},  (optional)
      "view": NetworkView.to_dict(), "calibration": {contract calibration},
      "training": {...}, "code_version": "...",
      "onnx_sha256": "<hex>"}                                   (and geometry.onnx_sha256)
@@ -31,6 +34,13 @@ Metadata (``format_version`` 1)::
 ``onnx_sha256`` is the SHA-256 of the ONNX file's bytes: the loader refuses a file that
 does not match it (a swapped or corrupted graph), and warns when it is absent (artifacts
 written before it existed).
+
+``int8`` (optional, in the policy's entry and in ``geometry``): the same graph with its
+weights and activations quantized to 8 bits (:mod:`policies.int8`), written beside the
+float one, with its own hash and its measured difference from it. On a CPU the runner
+runs these (2-3x faster convolutions); on a GPU, or with ``precision="fp32"``, the float
+graphs. The float graphs stay the reference: they are what the export verified against
+torch.
 
 ONNX outputs: ``quality`` ``(N, A, H, W)`` success probability per image-plane angle bin
 (:func:`perception.grasp.angle_bin_centers`), ``width`` ``(N, 1, H, W)`` opening in metres,
@@ -73,6 +83,7 @@ __all__ = [
     "GeometryMetadata",
     "PolicyMaps",
     "PolicyRunner",
+    "PRECISIONS",
     "load_metadata",
     "file_sha256",
     "calibration_drift",
@@ -92,6 +103,9 @@ DRIFT_TRANSLATION_M = 0.01  # metres
 DRIFT_ROTATION_RAD = math.radians(1.0)
 #: A quality threshold below this lets nearly every grasp through: a warning at load.
 LOW_THRESHOLD_WARNING = 0.05
+#: The runner's ``precision``: ``auto`` runs the int8 graphs when the artifact has them and the
+#: graphs run on the CPU, ``fp32`` the float graphs, ``int8`` the int8 graphs (an error without them).
+PRECISIONS = ("auto", "fp32", "int8")
 
 
 class ArtifactError(ValueError):
@@ -109,6 +123,7 @@ class GeometryMetadata:
         view: its camera view (``kind="camera"``).
         part_threshold: a pixel sees a part at or above this probability.
         interior_margin, floor_height: metres, see :class:`perception.geometry.SurfaceRebuild`.
+        int8_onnx_path: its int8 graph (``geometry.int8``), or ``None``.
     """
 
     onnx_path: Path
@@ -120,6 +135,7 @@ class GeometryMetadata:
     part_threshold: float
     interior_margin: float
     floor_height: float
+    int8_onnx_path: Path | None = None
 
 
 def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
@@ -157,7 +173,25 @@ def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
                             "floor_height in [0, 0.1) m")
     return GeometryMetadata(onnx_path=root / name, input_name=input_name, mean=_triple(inp, "mean", "geometry.input"),
                             std=_triple(inp, "std", "geometry.input"), outputs=outputs, view=view, part_threshold=thr,
-                            interior_margin=margin, floor_height=floor)
+                            interior_margin=margin, floor_height=floor,
+                            int8_onnx_path=_int8_path(root, g.get("int8"), "geometry.int8"))
+
+
+def _int8_path(root: Path, entry: Any, where: str) -> Path | None:
+    """The int8 graph an ``int8`` entry names (checked against its hash), or ``None`` when absent."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ArtifactError(f"field {where!r} must be an object (or absent)")
+    name = _req(entry, "onnx", where)
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".onnx"):
+        raise ArtifactError(f"field '{where}.onnx' must be a plain *.onnx file name inside the artifact, got {name!r}")
+    if not (root / name).is_file():
+        raise ArtifactError(f"int8 ONNX file {root / name} not found ({where})")
+    if entry.get("onnx_sha256") is None:  # written together with the graph: no old int8 entries without it
+        raise ArtifactError(f"field '{where}.onnx_sha256' is missing")
+    _check_sha256(root / name, entry["onnx_sha256"], f"{where}.onnx_sha256")
+    return root / name
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,6 +214,7 @@ class ArtifactMetadata:
         calibration: the calibration the policy was trained for.
         raw: the whole JSON document.
         geometry: the geometry graph (:class:`GeometryMetadata`), or ``None``.
+        int8_onnx_path: the policy's int8 graph (``int8``), or ``None``.
     """
 
     path: Path
@@ -196,6 +231,7 @@ class ArtifactMetadata:
     raw: dict = field(default_factory=dict)
     decode: dict = field(default_factory=dict)
     geometry: GeometryMetadata | None = None
+    int8_onnx_path: Path | None = None
 
     @property
     def code_version(self) -> str | None:
@@ -392,6 +428,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raw=raw,
         decode=decode,
         geometry=geometry,
+        int8_onnx_path=_int8_path(root, raw.get("int8"), "int8"),
     )
 
 
@@ -488,6 +525,7 @@ class PolicyRunner:
             but they burn CPU the robot computer may need elsewhere).
         meta: ``artifact_dir``'s metadata when the caller has already loaded it
             (:func:`load_metadata` reads and hashes the ONNX files: once is enough).
+        precision: one of :data:`PRECISIONS`; :attr:`precision` says which graphs run.
 
     ``infer`` may be called from several threads at once: onnxruntime sessions are
     thread-safe for ``run`` and preprocessing keeps no mutable state.
@@ -501,10 +539,23 @@ class PolicyRunner:
         providers: list[str] | None = None,
         allow_spinning: bool = False,
         meta: ArtifactMetadata | None = None,
+        precision: str = "auto",
     ) -> None:
         import onnxruntime as ort
 
         self.meta = meta if meta is not None else load_metadata(artifact_dir)
+        if precision not in PRECISIONS:
+            raise ArtifactError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        providers = list(providers or default_providers())
+        has_int8 = self.meta.int8_onnx_path is not None and (
+            self.meta.geometry is None or self.meta.geometry.int8_onnx_path is not None)
+        if precision == "int8" and not has_int8:
+            raise ArtifactError(f"precision=int8: artifact {self.meta.path} has no int8 graphs (export them with "
+                                "policies.int8.add_int8_graphs, or serve with precision=auto)")
+        # The int8 graphs are for the CPU: a GPU provider runs the float ones faster.
+        use_int8 = precision == "int8" or (precision == "auto" and has_int8 and providers == ["CPUExecutionProvider"])
+        #: ``"int8"`` or ``"fp32"``: the graphs this runner runs.
+        self.precision = "int8" if use_int8 else "fp32"
         if calibration is None:
             calib = self.meta.calibration
         elif isinstance(calibration, Calibration):
@@ -533,16 +584,16 @@ class PolicyRunner:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
             opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if allow_spinning else "0")
             try:
-                return ort.InferenceSession(str(path), sess_options=opts, providers=providers or default_providers())
+                return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise ArtifactError(f"cannot load ONNX model {path}: {exc}") from exc
 
-        self.session = session(self.meta.onnx_path)
+        self.session = session(self.meta.int8_onnx_path if use_int8 else self.meta.onnx_path)
         self._check_graph()
         self._out_names = [self.meta.outputs[k] for k in ("quality", "width", "height", "surface")
                            if k in self.meta.outputs]
         g = self.meta.geometry
-        self.geometry_session = None if g is None else session(g.onnx_path)
+        self.geometry_session = None if g is None else session(g.int8_onnx_path if use_int8 else g.onnx_path)
         # The serving calibration's rebuild is made once; per-frame calibrations (the twin's
         # evaluation) are kept by digest.
         self._serving_rebuild = None if g is None else SurfaceRebuild(calib, g.view, self.view, g.interior_margin,

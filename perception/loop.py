@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("robot_timeout", "reconnect_backoff_max"):
             config_number(cfg, key, float, lo=0, lo_open=True)
         runner = PolicyRunner(str(cfg.artifact), None if not cfg.calibration else str(cfg.calibration),
-                              intra_op_num_threads=cfg.threads)
+                              intra_op_num_threads=cfg.threads, precision=str(cfg.precision))
         try:  # a folder of another camera, or one another process records into
             recorder = Recording(cfg.out_dir, runner.calib, debug_images=bool(cfg.debug_images),
                                  source="loop") if cfg.out_dir else None

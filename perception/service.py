@@ -52,7 +52,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
 from perception.apidocs import api_docs_html
-from perception.artifact import ArtifactError, PolicyRunner, check_calibration, load_metadata
+from perception.artifact import PRECISIONS, ArtifactError, PolicyRunner, check_calibration, load_metadata
 from perception.calibration import Calibration, CalibrationError
 from perception.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
 from perception.imageio import ImageDecodeError, decode_image, encode_image
@@ -126,6 +126,7 @@ class GraspService:
         record_max_attempts: int = 1000,
         online: bool = False,
         online_options: dict | None = None,
+        precision: str = "auto",
     ) -> None:
         self.artifact_dir = Path(artifact_dir)
         # Validate everything cheap first, so a mismatch stops the service at start.
@@ -149,6 +150,9 @@ class GraspService:
                              f"it shrinks the workspace, got {workspace_margin}")
         self.max_jpeg_scans = int(max_jpeg_scans)
         self.threads = intra_op_num_threads
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
         # None: every frame is answered on its own (the CLI turns the memory on: conf/repeats/default.yaml).
         self.repeats = RepeatGuard.build(self.calib, repeats)
         self.runner: PolicyRunner | None = None
@@ -173,7 +177,9 @@ class GraspService:
     def load(self) -> None:
         """Create the onnxruntime session (the slow part)."""
         try:
-            self.runner = PolicyRunner(self.artifact_dir, self.calib, intra_op_num_threads=self.threads, meta=self.meta)
+            self.runner = PolicyRunner(self.artifact_dir, self.calib, intra_op_num_threads=self.threads, meta=self.meta,
+                                       precision=self.precision)
+            log.info("running the %s graphs on %s", self.runner.precision, ", ".join(self.runner.providers))
         except Exception as exc:
             self.load_error = str(exc)
             raise
@@ -255,6 +261,7 @@ class GraspService:
             "calibration_digest": self.calib.digest(),
             "calibration_warnings": list(self.warnings),
             "providers": self.runner.providers if self.runner else None,
+            "precision": self.runner.precision if self.runner else None,
             "ready": self.ready,
             "repeats": None if self.repeats is None else self.repeats.state(),
         }
@@ -393,6 +400,7 @@ def create_app(
     record_max_attempts: int = 1000,
     online: bool = False,
     online_options: dict | None = None,
+    precision: str = "auto",
 ) -> FastAPI:
     """Build the grasp service.
 
@@ -422,6 +430,8 @@ def create_app(
         online: learn a bounded residual on the quality from the outcomes as they arrive
             (:class:`perception.online.OnlineResidual`, saved beside the recording); needs
             ``record_dir``. ``online_options``: its settings.
+        precision: which of the artifact's graphs run (:data:`perception.artifact.PRECISIONS`):
+            ``auto`` the int8 ones on a CPU when it has them, else the float ones.
 
     Raises:
         ArtifactError, CalibrationError: a bad artifact, or a calibration whose
@@ -435,7 +445,7 @@ def create_app(
     if not int(max_concurrency) > 0:
         raise ValueError(f"max_concurrency must be > 0, got {max_concurrency}")
     svc = GraspService(artifact_dir, calibration, quality_threshold, workspace_margin, intra_op_num_threads, repeats,
-                       limits.max_jpeg_scans, record_dir, record_max_attempts, online, online_options)
+                       limits.max_jpeg_scans, record_dir, record_max_attempts, online, online_options, precision)
     for w in svc.warnings:
         log.warning("calibration drift from the trained camera: %s", w)
     if not background_load:
@@ -751,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
             record_max_attempts=config_number(cfg, "record_max_attempts", int, lo=1),
             online=bool(cfg.online),
             online_options=dict(cfg.online_options or {}),
+            precision=str(cfg.precision),
         )
     except (ArtifactError, CalibrationError, ValueError, OSError) as exc:
         raise CliError(prog, f"not starting: {exc}") from exc

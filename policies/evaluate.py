@@ -158,10 +158,12 @@ class OnnxPolicy:
         threshold: float | None = None,
         workspace_margin: float = 0.0,
         intra_op_num_threads: int | None = None,
+        precision: str = "auto",
     ) -> None:
         from perception.artifact import PolicyRunner
 
-        self.runner = PolicyRunner(artifact_dir, calibration, intra_op_num_threads=intra_op_num_threads)
+        self.runner = PolicyRunner(artifact_dir, calibration, intra_op_num_threads=intra_op_num_threads,
+                                   precision=precision)
         self.threshold = float(self.runner.meta.quality_threshold if threshold is None else threshold)
         self.workspace_margin = float(workspace_margin)
         self.name = f"onnx:{Path(artifact_dir).name}"
@@ -753,7 +755,8 @@ def run_eval(cfg: DictConfig) -> dict:
         config_number(cfg, "render_scale", float, lo=0, lo_open=True)
     policy = None
     if cfg.artifact:
-        policy = OnnxPolicy(cfg.artifact, cfg.calibration, cfg.quality_threshold, cfg.workspace_margin)
+        policy = OnnxPolicy(cfg.artifact, cfg.calibration, cfg.quality_threshold, cfg.workspace_margin,
+                            precision=str(cfg.precision))
         calib = policy.calibration
     else:
         calib = Calibration.load(cfg.calibration or default_calibration_path())
