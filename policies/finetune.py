@@ -269,6 +269,7 @@ def finetune(cfg: DictConfig) -> dict:
         init_from=policy["checkpoint"], extra_train=real, extra_fraction=float(f.real_fraction),
     )
     artifact = replace_tree(summary["artifact"], out / "artifact")
+    int8 = _int8_like_the_run(run, artifact, calib)
     check_frames = [_read_frame(a) for a in check_att]  # read once for both artifacts
     before = check_block(run["artifact"], check_att, check_frames, calib)
     after = check_block(artifact, check_att, check_frames, calib)
@@ -279,12 +280,31 @@ def finetune(cfg: DictConfig) -> dict:
                      "train": len(train_att), "check": len(check_att),
                      "held_out": bool(set(train_idx.tolist()).isdisjoint(check_idx.tolist()))},
         "check": {"before": before, "after": after},
+        "int8": int8,
         "training": {k: summary[k] for k in ("global_step", "train_time_s", "n_train_frames", "metrics")},
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wall_s": time.perf_counter() - t0,
     }
     atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
     return report
+
+
+def _int8_like_the_run(run: dict, artifact: Path, calib: Calibration) -> dict | None:
+    """The new artifact gets int8 graphs when the run's has them, calibrated as the pipeline's
+    were (its real frames, its ``int8.max_frames``); without those frames it stays float (logged)."""
+    if json.loads((Path(run["artifact"]) / "metadata.json").read_text()).get("int8") is None:
+        return None
+    from adaptation.images import RealFramesError, load_real_frames
+    from policies.int8 import Int8Error, add_int8_graphs
+
+    max_frames = int(((run.get("config") or {}).get("int8") or {}).get("max_frames", 64))
+    try:
+        if not run.get("real_dir"):
+            raise RealFramesError("the run's report.json names no real_dir")
+        return add_int8_graphs(artifact, load_real_frames(run["real_dir"], calib), max_frames)
+    except (RealFramesError, Int8Error) as exc:
+        log.warning("the run's artifact has int8 graphs, the fine-tuned one will not: %s", exc)
+        return None
 
 
 def _rebased(run: dict, run_dir: Path) -> dict:

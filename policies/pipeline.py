@@ -249,7 +249,21 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         translator_path = str(consistency_res["generator"])
         policy_res = {**policy_res, **consistency_res["policy"], "task_consistency": consistency_res["finetune"]}
 
-    artifact = replace_tree(policy_res["artifact"], out / "artifact")
+    # -- int8 graphs for a CPU robot (policies/int8.py), their ranges from the real frames.
+    int8_cfg = to_plain(cfg.get("int8")) or {}
+    int8_res: dict | None = None
+    served = policy_res["artifact"]  # what sim2real-serve gets: the policy's artifact, with int8 graphs when made
+    if int8_cfg.get("enabled"):
+        i_payload = {"int8": int8_cfg, "policy": policy_hash, "real": real_hash}
+
+        def make_int8(d: Path) -> dict:
+            return int8_stage(policy_res["artifact"], real_dir, calib, int(int8_cfg["max_frames"]), d)
+
+        _, int8_res, i_hash = stages.run("int8", i_payload, make_int8)
+        if int8_res.get("artifact"):
+            served, policy_hash = int8_res["artifact"], i_hash
+
+    artifact = replace_tree(served, out / "artifact")
 
     # -- evaluation in the twin: every domain, plus the brackets.
     from policies.evaluate import OnnxPolicy, evaluate_domains
@@ -258,7 +272,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": calib.digest(), "seed": seed}
 
     def make_eval(d: Path) -> dict:
-        pol = OnnxPolicy(policy_res["artifact"], calib)
+        pol = OnnxPolicy(served, calib)
         res = evaluate_domains(pol, list(e_cfg["domains"]), calib, int(e_cfg["n_episodes"]), seed,
                                bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"],
                                empty_bin_frames=int(e_cfg.get("empty_bin_frames", 0)))
@@ -291,10 +305,26 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "adapt": adapt_res,
         "policy": policy_res,
         "task_consistency": consistency_res,
+        "int8": int8_res,
         "evaluation": eval_res,
     }
     write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=calib)
     return report
+
+
+def int8_stage(artifact: str | Path, real_dir: Path, calib: Calibration, max_frames: int, d: Path) -> dict:
+    """The policy stage's artifact copied into ``d`` with int8 graphs added, calibrated on the
+    real frames; a graph onnxruntime cannot quantize leaves the float artifact in use (logged)."""
+    from adaptation.images import load_real_frames
+    from policies.int8 import Int8Error, add_int8_graphs
+
+    art = replace_tree(artifact, d / "artifact")
+    try:
+        entry = add_int8_graphs(art, load_real_frames(real_dir, calib), max_frames)
+    except Int8Error as exc:
+        log.warning("no int8 graphs, the float artifact is served: %s", exc)
+        return {"artifact": None, "error": str(exc)}
+    return {"artifact": str(art), "entry": entry}
 
 
 def task_consistency_stage(

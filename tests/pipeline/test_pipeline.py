@@ -50,7 +50,7 @@ def tiny_run(tmp_path_factory) -> dict:
 def test_pipeline_writes_the_report_and_artifact(tiny_run):
     out, rep = tiny_run["out"], tiny_run["report"]
     assert rep["budget"] == "tiny" and rep["adaptation"] == "cyclegan" and rep["real_dir"] == str(tiny_run["real"])
-    assert set(rep["stages"]) >= {"render", "adapt", "policy", "eval"}
+    assert set(rep["stages"]) >= {"render", "adapt", "policy", "int8", "eval"}
     assert "real" not in rep["stages"]  # a real_dir was given: no stand-in frames rendered
     assert all(s["wall_s"] >= 0 and not s["reused"] for s in rep["stages"].values())
     ev = rep["evaluation"]
@@ -63,6 +63,15 @@ def test_pipeline_writes_the_report_and_artifact(tiny_run):
     for f in ("report.md", "report_success.png", "report_panels.png", "artifact/policy.onnx",
               "artifact/metadata.json"):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    # The served artifact has int8 copies of both graphs, their ranges from the real frames,
+    # and a runner on the CPU runs them; the policy stage's own artifact stays float.
+    meta = json.loads((out / "artifact" / "metadata.json").read_text())
+    assert meta["int8"]["frames"] >= 1 and meta["geometry"]["int8"]["onnx"] == "geometry.int8.onnx"
+    assert rep["int8"]["entry"]["onnx_sha256"] == meta["int8"]["onnx_sha256"]
+    assert "int8" not in json.loads((Path(rep["policy"]["artifact"]) / "metadata.json").read_text())
+    from perception.artifact import PolicyRunner
+
+    assert PolicyRunner(out / "artifact", providers=["CPUExecutionProvider"]).precision == "int8"
     md = (out / "report.md").read_text()
     assert "randomized" in md and "oracle" in md
     # The plain statement comes right under the title; the translation's scores are in.
@@ -160,7 +169,7 @@ def test_rerun_reuses_every_stage_and_task_consistency_builds_on_them(tiny_run):
     rep = json.loads((out / "report.json").read_text())
     st = rep["stages"]
     assert st["render"]["reused"] and st["adapt"]["reused"] and st["policy"]["reused"]
-    assert not st["consistency"]["reused"] and not st["eval"]["reused"]
+    assert not st["consistency"]["reused"] and not st["int8"]["reused"] and not st["eval"]["reused"]
     tc = rep["task_consistency"]
     assert tc["finetune"]["steps"] == 3 and np.isfinite(tc["finetune"]["disagreement_after"])
     assert Path(tc["generator"], "generator.pt").is_file()
@@ -291,6 +300,8 @@ def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_p
         assert chk["attempts"] == report["attempts"]["check"] and 0.0 <= chk["null_rate"] <= 1.0
         assert sum(b["attempts"] for b in chk["calibration"]) == chk["attempts"]
     assert report["training"]["global_step"] > 0 and wall < 300
+    # int8 graphs like the run's, from the run's real frames.
+    assert report["int8"]["frames"] >= 1 and (ft / "artifact" / "policy.int8.onnx").is_file()
     proc, url = serve(ft / "artifact")
     try:
         frame = encode_image(SimCell(seed=12).render(), "png")
