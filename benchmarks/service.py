@@ -12,6 +12,10 @@ Without ``--artifact`` a synthetic policy with a small convolution stack is buil
 idle latency in the same run (issue 12): 150 idle connections, clients trickling their
 headers and bodies, a client sending 8 MB JPEGs of one scan repeated, and a queue held full; a ``503``
 (retry) counts into the latency of the frame that got its ``200`` after it.
+With an artifact that has int8 graphs (``policies/int8.py``) the service runs them (``precision=auto``
+on a CPU); the float graphs are then timed beside them in the same run: the forward passes
+interleaved in one loop, and ``/v1/grasp`` on PNG frames from a second service started with
+``precision=fp32``, with the p50 ratios.
 ``--write`` puts the table into docs/benchmarks.md between the service markers.
 """
 
@@ -178,6 +182,8 @@ def run(args: argparse.Namespace) -> dict:
 
     # In-process stage timings and the raw forward pass (same thread count as the service).
     runner = PolicyRunner(artifact, calib, intra_op_num_threads=threads)
+    # The float graphs beside the int8 ones the service runs, when the artifact has both.
+    fp32 = PolicyRunner(artifact, calib, intra_op_num_threads=threads, precision="fp32") if runner.precision == "int8" else None
     rgb = decode_image(frames["png"][0])
     x = runner.to_input(runner.preprocess(rgb))
     stages: dict[str, list[float]] = {"decode_png": [], "decode_jpeg": [], "preprocess": [], "forward": [],
@@ -196,8 +202,14 @@ def run(args: argparse.Namespace) -> dict:
     has_surface = runner.view.is_table and (runner.meta.geometry is not None or "surface" in runner.meta.outputs)
     if has_surface:
         stages["grasp_decode_checks_on"], stages["grasp_decode_checks_off"] = [], []
+    if fp32 is not None:
+        stages["forward_fp32"] = []
+        if "geometry" in stages:
+            stages["geometry_fp32"] = []
     for _ in range(args.warmup):
         runner.forward(x)
+        if fp32 is not None:
+            fp32.forward(x)
     for i in range(args.n):
         t = time.perf_counter()
         decode_image(frames["png"][i % 8])
@@ -211,10 +223,18 @@ def run(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         q, w, h, *surface = runner.forward(runner.to_input(view))
         stages["forward"].append(time.perf_counter() - t)
+        if fp32 is not None:
+            t = time.perf_counter()
+            fp32.forward(fp32.to_input(view))
+            stages["forward_fp32"].append(time.perf_counter() - t)
         if "geometry" in stages:
             t = time.perf_counter()
             surface = [runner.geometry_surface(rgb)[0][None, None]]
             stages["geometry"].append(time.perf_counter() - t)
+            if fp32 is not None:
+                t = time.perf_counter()
+                fp32.geometry_surface(rgb)
+                stages["geometry_fp32"].append(time.perf_counter() - t)
         t = time.perf_counter()
         dec = decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
                            surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
@@ -237,50 +257,41 @@ def run(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         guard.answered(fingerprint, dec.grasp)
         stages["repeat_guard"][-1] += time.perf_counter() - t
-    del runner
+    precision = runner.precision
+    del runner, fp32
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "perception.service", f"artifact={artifact}", f"calibration={args.calibration or default_calibration_path()}",
-           f"port={port}", f"threads={threads}", "log_level=warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    e2e: dict[str, list[float]] = {"png": [], "jpeg": []}
-    server_ms: dict[str, list[float]] = {"png": [], "jpeg": []}
-    try:
-        wait_until_healthy(url, proc, timeout=60)
-        rss_idle = resident_memory_bytes(proc.pid)
-        with httpx.Client(timeout=30) as c:
-            for fmt in ("png", "jpeg"):
-                ctype = f"image/{fmt}"
-                for i in range(args.warmup + args.n):
-                    t = time.perf_counter()
-                    r = c.post(url + "/v1/grasp", content=frames[fmt][i % 8], headers={"Content-Type": ctype})
-                    dt = time.perf_counter() - t
-                    if r.status_code != 200:
-                        raise RuntimeError(f"{r.status_code}: {r.text}")
-                    if i >= args.warmup:
-                        e2e[fmt].append(dt)
-                        server_ms[fmt].append(r.json()["latency_ms"])
-        rss = resident_memory_bytes(proc.pid)
-        hwm_kb = status_kb(proc.pid, "VmHWM")
-        loads = (measure_loads(url, port, frames["png"], scan_bomb_jpeg(camera_like_frame(calib), max_bytes=8 * 2**20), args.n // 2)
-                 if args.loads else None)
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    def serve(precision: str, fmts: tuple[str, ...], loads: bool):
+        port = free_port()
+        cmd = [sys.executable, "-m", "perception.service", f"artifact={artifact}",
+               f"calibration={args.calibration or default_calibration_path()}", f"port={port}", f"threads={threads}",
+               f"precision={precision}", "log_level=warning"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            return _time_service(proc, f"http://127.0.0.1:{port}", port, frames, fmts, args,
+                                 calib if loads else None)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    try:
+        e2e, server_ms, rss_idle, rss, hwm_kb, loads = serve("auto", ("png", "jpeg"), args.loads)
+        e2e_fp32 = serve("fp32", ("png",), False)[0]["png"] if precision == "int8" else None
+    finally:
         if tmp is not None:
             tmp.cleanup()
     meta = json.loads((Path(artifact) / "metadata.json").read_text()) if tmp is None else {"input": {"size": [160, 120]}}
     return {
         "artifact": "synthetic (3 conv layers, 16 channels)" if tmp is not None else str(artifact),
         "input_size": meta["input"]["size"],
+        "precision": precision,
         "threads": threads,
         "n": args.n,
         "machine": f"{platform.machine()}, {cpu_count()} CPU cores, {platform.python_version()}",
         "e2e_ms": {f: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for f, v in e2e.items()},
+        "e2e_fp32_png_ms": None if e2e_fp32 is None else {"p50": 1000 * pct(e2e_fp32, 50), "p99": 1000 * pct(e2e_fp32, 99)},
         "server_ms": {f: {"p50": pct(v, 50), "p99": pct(v, 99)} for f, v in server_ms.items()},
         "stages_ms": {k: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for k, v in stages.items()},
         "frame_kb": {f: round(np.mean([len(b) for b in frames[f]]) / 1024, 1) for f in frames},
@@ -289,6 +300,31 @@ def run(args: argparse.Namespace) -> dict:
         "loads": loads,
         "checks": [k for k in CHECK_OPTIONS if k in checks_on],  # the re-ranking checks timed on
     }
+
+
+def _time_service(proc, url: str, port: int, frames: dict, fmts: tuple[str, ...], args, loads_calib) -> tuple:
+    """``/v1/grasp`` one frame at a time on a started service: latencies, memory, loads."""
+    e2e: dict[str, list[float]] = {f: [] for f in fmts}
+    server_ms: dict[str, list[float]] = {f: [] for f in fmts}
+    wait_until_healthy(url, proc, timeout=60)
+    rss_idle = resident_memory_bytes(proc.pid)
+    with httpx.Client(timeout=30) as c:
+        for fmt in fmts:
+            ctype = f"image/{fmt}"
+            for i in range(args.warmup + args.n):
+                t = time.perf_counter()
+                r = c.post(url + "/v1/grasp", content=frames[fmt][i % 8], headers={"Content-Type": ctype})
+                dt = time.perf_counter() - t
+                if r.status_code != 200:
+                    raise RuntimeError(f"{r.status_code}: {r.text}")
+                if i >= args.warmup:
+                    e2e[fmt].append(dt)
+                    server_ms[fmt].append(r.json()["latency_ms"])
+    rss = resident_memory_bytes(proc.pid)
+    hwm_kb = status_kb(proc.pid, "VmHWM")
+    loads = (measure_loads(url, port, frames["png"], scan_bomb_jpeg(camera_like_frame(loads_calib), max_bytes=8 * 2**20),
+                           args.n // 2) if loads_calib is not None else None)
+    return e2e, server_ms, rss_idle, rss, hwm_kb, loads
 
 
 def to_markdown(res: dict) -> str:
@@ -307,12 +343,19 @@ def to_markdown(res: dict) -> str:
         f"| `/v1/grasp` end to end, 640x480 JPEG ({res['frame_kb']['jpeg']} KB) | {e['jpeg']['p50']:.1f} | {e['jpeg']['p99']:.1f} |",
         f"| server-side `latency_ms`, PNG | {s['png']['p50']:.1f} | {s['png']['p99']:.1f} |",
         f"| server-side `latency_ms`, JPEG | {s['jpeg']['p50']:.1f} | {s['jpeg']['p99']:.1f} |",
-        f"| raw onnxruntime forward pass (same run) | {st['forward']['p50']:.1f} | {st['forward']['p99']:.1f} |",
+        f"| raw onnxruntime forward pass (same run, {res.get('precision', 'fp32')} graph) | {st['forward']['p50']:.1f} | {st['forward']['p99']:.1f} |",
         f"| stage: decode PNG | {st['decode_png']['p50']:.1f} | {st['decode_png']['p99']:.1f} |",
         f"| stage: decode JPEG | {st['decode_jpeg']['p50']:.1f} | {st['decode_jpeg']['p99']:.1f} |",
         f"| stage: undistort + crop + resize | {st['preprocess']['p50']:.1f} | {st['preprocess']['p99']:.1f} |",
         *([f"| stage: geometry graph + top-down rebuild | {st['geometry']['p50']:.1f} | {st['geometry']['p99']:.1f} |"]
           if "geometry" in st else []),
+        *([f"| the float graphs beside them: `/v1/grasp` PNG with `precision=fp32` (p50 ratio int8 / fp32 "
+           f"{e['png']['p50'] / res['e2e_fp32_png_ms']['p50']:.2f}) | {res['e2e_fp32_png_ms']['p50']:.1f} | {res['e2e_fp32_png_ms']['p99']:.1f} |",
+           f"| the float graphs: forward pass (ratio {st['forward']['p50'] / st['forward_fp32']['p50']:.2f}) "
+           f"| {st['forward_fp32']['p50']:.1f} | {st['forward_fp32']['p99']:.1f} |"]
+          if res.get("e2e_fp32_png_ms") else []),
+        *([f"| the float graphs: geometry graph + rebuild (ratio {st['geometry']['p50'] / st['geometry_fp32']['p50']:.2f}) "
+           f"| {st['geometry_fp32']['p50']:.1f} | {st['geometry_fp32']['p99']:.1f} |"] if "geometry_fp32" in st else []),
         f"| stage: grasp decode | {st['grasp_decode']['p50']:.2f} | {st['grasp_decode']['p99']:.2f} |",
         *([f"| stage: grasp decode with the re-ranking checks ({', '.join(f'`{k}`' for k in res['checks'])}) / without them, "
            f"p50 ratio {st['grasp_decode_checks_on']['p50'] / max(st['grasp_decode_checks_off']['p50'], 1e-9):.2f}x "
