@@ -131,3 +131,14 @@ def test_the_service_runs_the_int8_graphs_and_refuses_a_precision_it_cannot_give
         res = subprocess.run([str(serve), f"artifact={art}", cal, f"port={free_port()}", f"precision={precision}"],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and message in res.stdout + res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_pipeline_refuses_int8_max_frames_below_one_before_any_stage(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    res = subprocess.run([str(Path(sys.executable).parent / "sim2real-pipeline"), f"output_dir={tmp_path / 'out'}",
+                          "int8.max_frames=0"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "int8.max_frames must be an integer >= 1" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "out" / "stages").exists()
