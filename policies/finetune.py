@@ -323,7 +323,7 @@ def _rebased(run: dict, run_dir: Path) -> dict:
         return p
 
     run = dict(run)
-    for key in ("artifact", "sim_dataset", "translator", "calibration"):
+    for key in ("artifact", "sim_dataset", "translator", "calibration", "real_dir"):  # real_dir: the int8 ranges
         run[key] = move(run.get(key))
     run["policy"] = {**run["policy"], "checkpoint": move(run["policy"]["checkpoint"])}
     return run

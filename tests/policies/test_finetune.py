@@ -108,3 +108,21 @@ def test_a_failed_attempt_lowers_the_quality_where_it_was_and_only_there(tmp_pat
     drop = before - after
     assert drop[a, v, u] > 0.1  # pushed down where the grasp failed ...
     assert drop[a, v, u] > 5 * drop.abs().median()  # ... far more there than in the typical entry
+
+
+def test_a_moved_run_folder_is_read_from_its_new_place_real_frames_included(tmp_path):
+    """A run folder copied elsewhere: its paths under the old output_dir that no longer exist
+    (the artifact, the checkpoint, the stand-in real frames the int8 ranges come from) are
+    read from the new folder; a path that still exists, or lies outside it, is kept."""
+    from policies.finetune import _rebased
+
+    old, new = tmp_path / "gone", tmp_path / "moved"
+    (new / "stages" / "real-1" / "frames").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    run = {"config": {"output_dir": str(old)}, "artifact": str(old / "artifact"),
+           "real_dir": str(old / "stages" / "real-1" / "frames"), "calibration": str(tmp_path / "elsewhere"),
+           "sim_dataset": "/nowhere/sim", "translator": None, "policy": {"checkpoint": str(old / "p.ckpt")}}
+    moved = _rebased(run, new)
+    assert moved["real_dir"] == str(new / "stages" / "real-1" / "frames")
+    assert moved["artifact"] == str(new / "artifact") and moved["policy"]["checkpoint"] == str(new / "p.ckpt")
+    assert moved["calibration"] == str(tmp_path / "elsewhere") and moved["sim_dataset"] == "/nowhere/sim"
