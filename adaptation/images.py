@@ -7,7 +7,7 @@ An empty folder, an unreadable file or a frame of the wrong size stops with a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import cv2
@@ -16,7 +16,8 @@ import numpy as np
 from perception.calibration import Calibration
 from perception.preprocess import PreprocessError, ensure_rgb8
 
-__all__ = ["RealFramesError", "IMAGE_SUFFIXES", "list_real_frames", "read_rgb", "iter_real_frames", "load_real_frames"]
+__all__ = ["RealFramesError", "IMAGE_SUFFIXES", "list_real_frames", "read_rgb", "read_real_frame", "iter_real_frames",
+           "load_real_frames", "RealFrames"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
@@ -69,23 +70,31 @@ def read_rgb(path: str | Path) -> np.ndarray:
         raise RealFramesError(f"real frame {path}: {exc}") from exc
 
 
+def read_real_frame(path: str | Path, calib: Calibration) -> np.ndarray:
+    """One real frame as raw RGB, checked against ``calib.image_size``.
+
+    Raises:
+        RealFramesError: see :func:`read_rgb`; a frame whose size differs from ``calib.image_size``.
+    """
+    W, H = calib.image_size
+    img = read_rgb(path)
+    h, w = img.shape[:2]
+    if (w, h) != (W, H):
+        raise RealFramesError(
+            f"real frame {path} is {w}x{h} but the calibration's image_size is {W}x{H}; "
+            "frames must come from the calibrated camera at its native size"
+        )
+    return img
+
+
 def iter_real_frames(real_dir: str | Path, calib: Calibration) -> Iterator[tuple[Path, np.ndarray]]:
     """Yield ``(path, raw RGB frame)`` for every frame of ``real_dir``, checked one by one.
 
     Raises:
-        RealFramesError: see :func:`list_real_frames` and :func:`read_rgb`; a frame whose size
-            differs from ``calib.image_size``.
+        RealFramesError: see :func:`list_real_frames` and :func:`read_real_frame`.
     """
-    W, H = calib.image_size
     for path in list_real_frames(real_dir):
-        img = read_rgb(path)
-        h, w = img.shape[:2]
-        if (w, h) != (W, H):
-            raise RealFramesError(
-                f"real frame {path} is {w}x{h} but the calibration's image_size is {W}x{H}; "
-                "frames must come from the calibrated camera at its native size"
-            )
-        yield path, img
+        yield path, read_real_frame(path, calib)
 
 
 def load_real_frames(real_dir: str | Path, calib: Calibration) -> list[np.ndarray]:
@@ -95,3 +104,24 @@ def load_real_frames(real_dir: str | Path, calib: Calibration) -> list[np.ndarra
         RealFramesError: empty or missing folder, unreadable file, wrong size (naming it).
     """
     return [img for _, img in iter_real_frames(real_dir, calib)]
+
+
+class RealFrames(Sequence):
+    """The frames of ``real_dir`` in file-name order (as :func:`load_real_frames`), each read and
+    checked when it is indexed: for a caller that uses a few of many frames without holding
+    them all in memory.
+
+    Raises:
+        RealFramesError: at construction, see :func:`list_real_frames`; on indexing, see
+            :func:`read_real_frame`.
+    """
+
+    def __init__(self, real_dir: str | Path, calib: Calibration) -> None:
+        self.paths = list_real_frames(real_dir)
+        self.calib = calib
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return read_real_frame(self.paths[i], self.calib)

@@ -294,14 +294,14 @@ def _int8_like_the_run(run: dict, artifact: Path, calib: Calibration) -> dict | 
     were (its real frames, its ``int8.max_frames``); without those frames it stays float (logged)."""
     if json.loads((Path(run["artifact"]) / "metadata.json").read_text()).get("int8") is None:
         return None
-    from adaptation.images import RealFramesError, load_real_frames
+    from adaptation.images import RealFrames, RealFramesError
     from policies.int8 import Int8Error, add_int8_graphs
 
     max_frames = int(((run.get("config") or {}).get("int8") or {}).get("max_frames", 64))
     try:
         if not run.get("real_dir"):
             raise RealFramesError("the run's report.json names no real_dir")
-        return add_int8_graphs(artifact, load_real_frames(run["real_dir"], calib), max_frames)
+        return add_int8_graphs(artifact, RealFrames(run["real_dir"], calib), max_frames)
     except (RealFramesError, Int8Error) as exc:
         log.warning("the run's artifact has int8 graphs, the fine-tuned one will not: %s", exc)
         return None

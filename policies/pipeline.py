@@ -319,12 +319,12 @@ def _run_pipeline(cfg: DictConfig) -> dict:
 def int8_stage(artifact: str | Path, real_dir: Path, calib: Calibration, max_frames: int, d: Path) -> dict:
     """The policy stage's artifact copied into ``d`` with int8 graphs added, calibrated on the
     real frames; a graph onnxruntime cannot quantize leaves the float artifact in use (logged)."""
-    from adaptation.images import load_real_frames
+    from adaptation.images import RealFrames
     from policies.int8 import Int8Error, add_int8_graphs
 
     art = replace_tree(artifact, d / "artifact")
-    try:
-        entry = add_int8_graphs(art, load_real_frames(real_dir, calib), max_frames)
+    try:  # the frames are read as the quantizer picks them: max_frames and a few more, not all
+        entry = add_int8_graphs(art, RealFrames(real_dir, calib), max_frames)
     except Int8Error as exc:
         log.warning("no int8 graphs, the float artifact is served: %s", exc)
         return {"artifact": None, "error": str(exc)}

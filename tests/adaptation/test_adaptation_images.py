@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from adaptation.images import RealFramesError, load_real_frames, read_rgb
+from adaptation.images import RealFrames, RealFramesError, load_real_frames, read_rgb
 from perception.calibration import Calibration, default_calibration_path
 
 
@@ -62,3 +62,22 @@ def test_grey_rgba_and_16bit_are_converted(tmp_path):
     for name, v in (("g", 7), ("a", 9), ("w", 11)):
         img = read_rgb(tmp_path / f"{name}.png")
         assert img.shape == (4, 6, 3) and img.dtype == np.uint8 and int(img[0, 0, 0]) == v
+
+
+def test_real_frames_on_disk_are_the_loaded_frames_read_when_indexed(tmp_path, calib):
+    """``RealFrames`` lists the folder as ``load_real_frames`` does and reads a frame only when
+    it is indexed: a frame of the wrong size stops only the read that reaches it, by name."""
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / f"{i}.png"), _frame(calib, 40 * (i + 1)))
+    frames = RealFrames(tmp_path, calib)
+    assert len(frames) == 3
+    for lazy, loaded in zip(frames, load_real_frames(tmp_path, calib)):
+        np.testing.assert_array_equal(lazy, loaded)
+    cv2.imwrite(str(tmp_path / "3.png"), np.zeros((10, 10, 3), np.uint8))
+    frames = RealFrames(tmp_path, calib)
+    assert len(frames) == 4 and int(frames[2][0, 0, 0]) == 120
+    with pytest.raises(RealFramesError, match="3.png is 10x10"):
+        frames[3]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RealFramesError, match="holds no"):
+        RealFrames(tmp_path / "empty", calib)
