@@ -124,10 +124,10 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     from sim_render.cli import render
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
-    int8_frames = (cfg.get("int8") or {}).get("max_frames", 1)
-    if not (isinstance(int8_frames, int) and not isinstance(int8_frames, bool) and int8_frames >= 1):
-        raise ValueError(f"int8.max_frames must be an integer >= 1 (the real frames the int8 ranges come from), "
-                         f"got {int8_frames!r}")
+    if cfg.get("int8") is not None:
+        from perception.cli import config_number
+
+        config_number({"int8.max_frames": cfg.int8.get("max_frames")}, "int8.max_frames", int, lo=1)
     t_start = time.perf_counter()
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)

@@ -140,5 +140,5 @@ def test_the_pipeline_refuses_int8_max_frames_below_one_before_any_stage(tmp_pat
 
     res = subprocess.run([str(Path(sys.executable).parent / "sim2real-pipeline"), f"output_dir={tmp_path / 'out'}",
                           "int8.max_frames=0"], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "int8.max_frames must be an integer >= 1" in res.stderr, res.stderr[-2000:]
+    assert res.returncode == 2 and "int8.max_frames must be >= 1, got 0" in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "out" / "stages").exists()
