@@ -38,7 +38,7 @@ written before it existed).
 ``int8`` (optional, in the policy's entry and in ``geometry``): the same graph with its
 weights and activations quantized to 8 bits (:mod:`policies.int8`), written beside the
 float one, with its own hash and its measured difference from it. On a CPU the runner
-runs these (2-3x faster convolutions); on a GPU, or with ``precision="fp32"``, the float
+runs these (about twice as fast); on a GPU, or with ``precision="fp32"``, the float
 graphs. The float graphs stay the reference: they are what the export verified against
 torch.
 

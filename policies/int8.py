@@ -3,7 +3,7 @@
 On a robot's CPU the two graphs of an artifact (the policy's, flip-averaged, and the geometry
 network's) are most of ``/v1/grasp``'s time. Quantized to 8 bits (weights per output
 channel, activations per tensor; onnxruntime's static QDQ format, whose convolutions run
-as integer kernels) they run 2-3x faster (``docs/benchmarks.md``, "Grasp service").
+as integer kernels) they run about twice as fast (``docs/benchmarks.md``, "Grasp service").
 
 The activations' ranges are measured on frames of the user's camera (the pipeline's
 ``real_dir``, the frames the service will see), each preprocessed into the graph's own
