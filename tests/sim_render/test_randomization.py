@@ -13,6 +13,7 @@ from pybullet_utils.bullet_client import BulletClient
 
 from perception.calibration import Calibration, default_calibration_path
 from perception.geometry import project_points
+from sim_render.api import compose_config, to_plain
 from sim_render.randomization import (
     add_distractors,
     apply_visual_params,
@@ -35,7 +36,8 @@ TEST_SCALE = 0.2
 
 
 def _profile(name: str, **overrides) -> dict:
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"), resolve=True)
+    """The profile as Hydra composes it (a profile file states only what differs from its base)."""
+    cfg = to_plain(compose_config("render", [f"render={name}"]).render)
     cfg.update(overrides)
     return cfg
 
@@ -70,6 +72,27 @@ def test_profile_is_complete_and_valid(name):
     keys = lambda c: {k for k in _keys(c) if not any(k == o or k.startswith(o + ".") for o in optional)}  # noqa: E731
     assert keys(cfg) == keys(_profile("randomized"))
     validate_profile(OmegaConf.create(cfg))
+
+
+@pytest.mark.parametrize("name", [n for n in PROFILES if n != "randomized"])
+def test_a_profile_file_states_only_what_differs_from_its_base(name):
+    """The profiles compose through Hydra defaults: a file holds its base's name and the
+    values that differ from it, never a copy (a copied block drifts when the base changes)."""
+    own = OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"))
+    bases = [d for d in own.pop("defaults") if d != "_self_"]
+    assert len(bases) == 1 and bases[0] in PROFILES
+    base = _profile(bases[0])
+
+    def same_as_base(node, ref, path=""):
+        if isinstance(node, dict) and isinstance(ref, dict):
+            return [p for k, v in node.items() for p in same_as_base(v, ref.get(k, _ABSENT), f"{path}{k}.")]
+        return [path.rstrip(".")] if node == ref else []
+
+    assert same_as_base(own, base) == []
+    assert _profile(name)["name"] == name
+
+
+_ABSENT = object()
 
 
 @pytest.mark.parametrize("name", ["target", "target_b"])

@@ -9,9 +9,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
 from perception.calibration import Calibration, default_calibration_path
+from sim_render.api import compose_config, to_plain
 from sim_render.randomization import render_randomized, validate_profile
 from sim_render.sensor import apply_sensor_params, draw_range, draw_ranges
 from sim_render.surfaces import (
@@ -27,12 +27,11 @@ from sim_render.surfaces import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf" / "render"
 TEST_SCALE = 0.25
 
 
 def _profile(name: str = "randomized") -> dict:
-    return OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"), resolve=True)
+    return to_plain(compose_config("render", [f"render={name}"]).render)
 
 
 def _rng(seed: int) -> np.random.Generator:
