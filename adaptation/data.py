@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from adaptation.images import iter_real_frames
+from conf import policy_default
 from perception.calibration import Calibration
 from perception.geometry import NetworkView, make_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
@@ -177,7 +178,7 @@ class AdaptDataModule(pl.LightningDataModule):
         jitter: strength of the colour jitter (brightness, contrast, saturation; hue / 4).
         seed: fixes the splits.
         view: the network view's spec (``{"kind": "table" | "camera", ...}``,
-            :func:`perception.geometry.make_view`); ``None``: the camera view.
+            :func:`perception.geometry.make_view`); ``None``: the policy's (``conf/policy/default.yaml``).
     """
 
     def __init__(
@@ -210,8 +211,8 @@ class AdaptDataModule(pl.LightningDataModule):
         self.crop = self.image_size if crop is None else (int(crop[0]), int(crop[1]))
         if self.crop[0] > self.image_size[0] or self.crop[1] > self.image_size[1] or self.crop[0] % 4 or self.crop[1] % 4:
             raise ValueError(f"crop {list(self.crop)} must be multiples of 4 and fit in image_size {list(self.image_size)}")
-        spec = dict(view or {"kind": "camera"})
-        self.view = make_view(self.calib, self.image_size, str(spec.pop("kind", "camera")), **spec)
+        spec = dict(view or policy_default("view"))  # the policy's view: the translator serves what it consumes
+        self.view = make_view(self.calib, self.image_size, str(spec.pop("kind")), **spec)
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.val_fraction = float(val_fraction)

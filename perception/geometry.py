@@ -226,7 +226,7 @@ def table_view(
     return NetworkView(K=K, size=(w, h), kind="table", plane_z=float(calib.table_z + plane_height))
 
 
-def make_view(calib: Calibration, size: tuple[int, int], kind: str = "camera", **kw: float) -> NetworkView:
+def make_view(calib: Calibration, size: tuple[int, int], kind: str, **kw: float) -> NetworkView:
     """:func:`table_view` or :func:`network_view` by ``kind``; ``kw``: ``margin`` (both kinds),
     ``plane_height`` (the table view's; a camera view has no plane and ignores it, so one
     view spec serves either kind)."""

@@ -48,16 +48,15 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
+from conf import policy_default
 from perception.calibration import Calibration
 from perception.frames import MIN_TIP_CLEARANCE, transform_points
-from perception.geometry import NetworkView, make_view, network_view, raw_pixels_to_rays, raw_to_view_pixels
+from perception.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_to_view_pixels
 from perception.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
 from perception.preprocess import preprocess, to_network_input, view_maps
 from perception.rule import GRASP_DEPTH
 
 __all__ = [
-    "DEFAULT_AUGMENT",
-    "DEFAULT_TARGETS",
     "augment_item",
     "PolicyFrames",
     "build_targets",
@@ -70,27 +69,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Defaults of the ``targets`` section of ``conf/policy/*.yaml``.
-DEFAULT_TARGETS: dict[str, Any] = {
-    "label_radius": 1.5,  # view px: label disk radius
-    "dense_negative_labels": [0, 1],  # seg labels whose pixels are negatives for all bins
-    "label_height_weight": 4.0,  # height-loss weight on label disks (dense pixels weigh 1)
-    "object_height_weight": 2.0,  # height-loss weight on object pixels (seg >= 3)
-    "angle_spread": 0,  # also mark +-k neighbouring angle bins of a label ...
-    "angle_spread_weight": 0.3,  # ... with this weight
-    "height_target": "ray",  # dense height: "ray" (policies.geometric.ray_grasp_heights) | "surface"
-    "stability_tol": 0.0,  # m: label pixels whose 3x3 neighbourhood's grasp heights spread more count as failures (0: off)
-    "geometric_weight": 0.0,  # weight of the dense geometric pseudo-labels (policies.geometric); 0: off
-    "geometric_max_cells": 1500,  # object cells evaluated per frame (a random subset beyond)
-}
-
-#: Defaults of the ``augment`` section of ``conf/policy/*.yaml`` (training frames only).
-DEFAULT_AUGMENT: dict[str, Any] = {
-    "hflip": 0.5,  # probability of a horizontal flip (a mirrored world seen by a mirrored camera)
-    "shift_px": 4,  # uniform integer shift of image and targets, view pixels (camera pose error)
-    "color": 0.1,  # per-channel gain and offset jitter, fraction
-}
 
 Translator = Callable[[np.ndarray], np.ndarray]
 
@@ -235,7 +213,7 @@ def build_targets(
         label_z: ``(G,)`` fingertip height in ``B``, metres.
         table_z: the table height.
         angle_bins: ``A``.
-        targets: options (:data:`DEFAULT_TARGETS` keys).
+        targets: options (keys of ``targets`` in ``conf/policy/default.yaml``, its values for those not given).
         geometric: dense pseudo-labels (:func:`policies.geometric.splat_view_labels`), used
             with weight ``geometric_weight`` on entries without a physics label.
         grasp_height: ``(H, W)`` dense fingertip height above the table
@@ -249,7 +227,7 @@ def build_targets(
         ``height_weight``, ``surface_target`` (the surface above the table, metres),
         ``surface_weight`` ``(H, W)`` float32.
     """
-    opt = {**DEFAULT_TARGETS, **(dict(targets) if targets else {})}
+    opt = {**policy_default("targets"), **(dict(targets) if targets else {})}
     H, W = seg_view.shape
     A = int(angle_bins)
     seg_view = np.asarray(seg_view)
@@ -373,7 +351,7 @@ def _shift(a: np.ndarray, dx: int, dy: int) -> np.ndarray:
 def augment_item(
     view_rgb: np.ndarray, targets: dict[str, np.ndarray], rng: np.random.Generator, augment: dict | None = None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Random training augmentation of one frame and its targets (see :data:`DEFAULT_AUGMENT`).
+    """Random training augmentation of one frame and its targets (``augment`` in ``conf/policy/default.yaml``).
 
     - horizontal flip: the image and every map are mirrored and angle bin ``b`` becomes
       ``-b mod A`` (an image-plane angle ``a`` becomes ``-a``); a mirrored cell seen by a
@@ -384,7 +362,7 @@ def augment_item(
 
     Shapes: ``view_rgb (H, W, 3)`` uint8; targets as :func:`build_targets` returns them.
     """
-    opt = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
+    opt = {**policy_default("augment"), **(dict(augment) if augment else {})}
     img = view_rgb
     t = dict(targets)
     if rng.random() < float(opt["hflip"]):
@@ -428,17 +406,17 @@ class PolicyFrames(Dataset):
     Args:
         root: a rendered dataset folder, or an opened
             :class:`sim_render.reader.SimFrameDataset`.
-        view: the network view; ``None`` gives ``network_view(calibration, view_size)``
-            of the dataset's nominal calibration.
-        view_size: ``(W, H)`` when ``view`` is None.
-        angle_bins: ``A``.
+        view: the network view; ``None`` builds the config's (``view`` and ``view_size`` in
+            ``conf/policy/default.yaml``) on the dataset's nominal calibration.
+        view_size: ``(W, H)`` when ``view`` is None (``None``: the config's).
+        angle_bins: ``A`` (``None``: the config's).
         translator: optional ``(N, H, W, 3) uint8 -> (N, H, W, 3) uint8`` applied to view
             images (sim -> adapted).
-        targets: target options (:data:`DEFAULT_TARGETS`).
+        targets: target options (the config's ``targets`` for those not given).
         indices: the subset of frames to use (``None``: all).
         cache: keep each frame's preprocessed, translated image and compact labels in
             memory after the first read (about 100 KB per frame at 128x128).
-        augment: training augmentation (:data:`DEFAULT_AUGMENT` keys; ``None``: none).
+        augment: training augmentation (``augment`` keys, the config's values for those not given; ``None``: none).
         seed: seed of the augmentation's random stream (per worker, per epoch it differs).
         translate_fraction: with a translator, the share of frames it translates (a fixed
             subset, by frame index); the others stay as rendered, so the policy sees both the
@@ -453,8 +431,8 @@ class PolicyFrames(Dataset):
         self,
         root: str | Path | Any,
         view: NetworkView | None = None,
-        view_size: Sequence[int] = (128, 128),
-        angle_bins: int = 12,
+        view_size: Sequence[int] | None = None,
+        angle_bins: int | None = None,
         translator: Translator | None = None,
         targets: dict | None = None,
         indices: Sequence[int] | None = None,
@@ -471,14 +449,14 @@ class PolicyFrames(Dataset):
 
         self.frames = root if isinstance(root, SimFrameDataset) else SimFrameDataset(root)
         self.calibration: Calibration = self.frames.calibration
-        self.view = view if view is not None else network_view(self.calibration, tuple(int(v) for v in view_size))
-        self.angle_bins = int(angle_bins)
+        self.view = view if view is not None else _spec_view(self.calibration, None, view_size)
+        self.angle_bins = int(policy_default("angle_bins") if angle_bins is None else angle_bins)
         self.translator = translator
-        self.targets = {**DEFAULT_TARGETS, **(dict(targets) if targets else {})}
+        self.targets = {**policy_default("targets"), **(dict(targets) if targets else {})}
         self.indices = np.arange(len(self.frames)) if indices is None else np.asarray(indices, dtype=np.int64)
         self.cache = bool(cache)
         self._cache: dict[int, dict] = {}
-        self.augment = None if augment is None else {**DEFAULT_AUGMENT, **dict(augment)}
+        self.augment = None if augment is None else {**policy_default("augment"), **dict(augment)}
         self._seed = int(seed)
         self._rng: np.random.Generator | None = None
         self._rng_key: tuple | None = None
@@ -644,6 +622,14 @@ def _frame_scenes(frames: Any) -> list[int]:
     return out
 
 
+def _spec_view(calib: Calibration, spec: dict | None, view_size: Sequence[int] | None) -> NetworkView:
+    """The view a spec ``{"kind", **kw}`` and a size describe on ``calib``; what is not given
+    (``None``, or a spec without ``kind``) is the config's (``conf/policy/default.yaml``)."""
+    spec = {**(policy_default("view") if not spec or "kind" not in spec else {}), **dict(spec or {})}
+    size = policy_default("view_size") if view_size is None else view_size
+    return make_view(calib, tuple(int(v) for v in size), str(spec.pop("kind")), **spec)
+
+
 def make_policy_datasets(
     dataset_dirs: Sequence[str | Path],
     view: NetworkView | dict | None,
@@ -669,7 +655,7 @@ def make_policy_datasets(
     Args:
         view: a :class:`NetworkView`, or a spec ``{"kind": "table" | "camera", **kw}`` that
             :func:`perception.geometry.make_view` builds on the nominal calibration with
-            ``view_size`` (``None``: the camera view).
+            ``view_size`` (``None``: the config's ``view``, ``conf/policy/default.yaml``).
 
     Returns:
         ``train``, ``val`` (``None`` when empty), the view, the nominal calibration (with
@@ -683,16 +669,15 @@ def make_policy_datasets(
         raise ValueError("mixed_calibrations needs a view spec, not a built view: each folder's view is built on its camera")
     train_parts, val_parts = [], []
     calib = first_view = None
-    spec = dict(view or {"kind": "camera"}) if not isinstance(view, NetworkView) else None
+    from_spec = not isinstance(view, NetworkView)
+    spec = view if from_spec else None
     for d in dataset_dirs:
         frames = SimFrameDataset(d)
         if calib is None or mixed_calibrations:
             if calib is None:
                 calib = frames.calibration
-            if spec is not None:
-                kw_view = dict(spec)
-                view = make_view(frames.calibration, tuple(int(v) for v in view_size),
-                                 str(kw_view.pop("kind", "camera")), **kw_view)
+            if from_spec:
+                view = _spec_view(frames.calibration, spec, view_size)
             if first_view is None:
                 first_view = view
         elif not np.allclose(frames.calibration.T_base_camera, calib.T_base_camera, rtol=0, atol=1e-6) or not np.allclose(

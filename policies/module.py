@@ -34,25 +34,10 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from conf import policy_default
 from policies.networks import GraspNet, network_kwargs
 
-__all__ = ["TimedCosineModule", "GraspPolicyModule", "DEFAULT_LOSS", "grasp_losses"]
-
-DEFAULT_LOSS: dict[str, float] = {
-    "quality_weight": 1.0,
-    "pos_weight": 1.0,
-    "dense_negative_weight": 0.5,
-    "object_negative_weight": 0.5,  # unlabelled (pixel, bin) entries on objects: weak negatives
-    "height_weight": 20.0,  # metres are small: 20 x smooth-L1(beta 1 cm) ~ the BCE scale
-    "surface_weight": 20.0,  # the surface map the decode's grasp rule runs on, like the heights
-    "width_weight": 20.0,
-    # Height-aware quality: a labelled success counts as exp(-(height error / sigma)^2) of a
-    # success, the error being the network's own (detached) at that pixel, from step
-    # `height_trust_after` on (0: off). A pixel whose height is misjudged is back-projected
-    # to the wrong place (the camera is oblique), so the grasp there would fail.
-    "height_trust_sigma": 0.0,
-    "height_trust_after": 100,
-}
+__all__ = ["TimedCosineModule", "GraspPolicyModule", "grasp_losses"]
 
 
 def _as_dict(cfg: Any) -> dict:
@@ -71,13 +56,13 @@ def grasp_losses(
     Args:
         out: :class:`GraspNet` outputs.
         batch: :class:`policies.data.PolicyFrames` items, collated.
-        loss_cfg: :data:`DEFAULT_LOSS` keys.
+        loss_cfg: ``loss`` keys (``conf/policy/default.yaml``'s values for those not given).
         step: the global step (for ``height_trust_after``); ``None`` applies the trust.
 
     Returns:
         ``loss``, ``quality_loss``, ``height_loss``, ``surface_loss``, ``width_loss`` (scalars).
     """
-    c = {**DEFAULT_LOSS, **loss_cfg}
+    c = {**policy_default("loss"), **loss_cfg}
     logits = out["quality_logits"]
     tq, wq = batch["quality_target"], batch["quality_weight"]
     sigma = float(c["height_trust_sigma"])
@@ -194,7 +179,7 @@ class GraspPolicyModule(TimedCosineModule):
 
     Args:
         network: ``GraspNet`` keyword arguments (``angle_bins``, ``base_channels``, ``dilations``).
-        loss: :data:`DEFAULT_LOSS` overrides.
+        loss: ``loss`` overrides of ``conf/policy/default.yaml``.
         optim: ``lr``, ``weight_decay``, ``scheduler`` (``cosine`` or ``none``), ``warmup_steps``,
             ``max_steps`` (the cosine horizon) and ``max_time_s`` (a time budget: the horizon
             is then re-estimated as training goes, so the schedule ends with the budget).
@@ -220,7 +205,7 @@ class GraspPolicyModule(TimedCosineModule):
              "config": config}
         )
         self.net = GraspNet(**network_kwargs(network))
-        self.loss_cfg = {**DEFAULT_LOSS, **loss}
+        self.loss_cfg = {**policy_default("loss"), **loss}
 
     @property
     def angle_bins(self) -> int:

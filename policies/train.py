@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
+from conf import policy_default
 from perception.atomic import atomic_write_text
 from policies.data import Translator, make_policy_datasets
 from policies.module import GraspPolicyModule
@@ -50,7 +51,7 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
             view, both of them at once, or a finger-landing share outside [0, 1].
     """
     pcfg = policy_config(pcfg)
-    kind = str((pcfg.get("view") or {}).get("kind", "camera"))
+    kind = str((pcfg.get("view") or policy_default("view"))["kind"])
     if kind not in ("table", "camera"):
         raise ValueError(f"policy.view.kind must be 'table' or 'camera', got {kind!r}")
     if pcfg.get("base"):
@@ -158,7 +159,7 @@ def train_policy(
 
     view_size = tuple(int(v) for v in pcfg.view_size)
     angle_bins = int(pcfg.angle_bins)
-    view_spec = OmegaConf.to_container(pcfg.view, resolve=True) if pcfg.get("view") else {"kind": "camera"}
+    view_spec = OmegaConf.to_container(pcfg.view, resolve=True) if pcfg.get("view") else None  # None: the config's
     train_ds, val_ds, view, calib = make_policy_datasets(
         [str(d) for d in dataset_dirs], view_spec, view_size, angle_bins, translator,
         OmegaConf.to_container(pcfg.targets, resolve=True), float(pcfg.val_fraction), int(seed),

@@ -227,3 +227,20 @@ def test_table_view_surface_rebuilds_a_box_top_down(calib):
     # The far side of the box (away from the camera at +x) is hidden by it: unknown, not table.
     u2, v2 = np.rint(base_to_view_pixels(np.array([[0.5 - 0.045, 0.0, 0.0]]), raw, view)[0]).astype(int)
     assert not known[v2, u2]
+
+
+def test_what_a_dataset_is_not_given_is_the_configs(rendered, calib):
+    """One source for the policy's defaults: the view, its size and the angle bins a dataset
+    is not given are conf/policy/default.yaml's (the code once said 128 px and a camera view
+    where the config said 96 px and the top-down one)."""
+    from conf import policy_default
+    from perception.geometry import make_view
+
+    ds = PolicyFrames(rendered)
+    spec = policy_default("view")
+    want = make_view(calib, tuple(policy_default("view_size")), spec.pop("kind"), **spec)
+    assert ds.view.kind == want.kind and ds.view.size == want.size
+    np.testing.assert_allclose(ds.view.K, want.K)
+    assert ds.angle_bins == policy_default("angle_bins")
+    assert ds.targets == policy_default("targets") and ds.augment is None
+    assert PolicyFrames(rendered, augment={"hflip": 0.0}).augment == {**policy_default("augment"), "hflip": 0.0}
