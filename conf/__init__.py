@@ -12,7 +12,16 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["config_default", "policy_default"]
+__all__ = ["REMOVED_KEYS", "config_default", "policy_default", "removed_key"]
+
+#: Keys taken out of (or renamed in) ``conf/``, each with what to use instead: a command line
+#: that still sets one is refused with this message (exit 2) rather than Hydra's "not in struct".
+REMOVED_KEYS: dict[str, str] = {
+    "budget.time_limit_s": "removed: nothing read it; each budget's wall-time goal is stated in its "
+                           "conf/budget/*.yaml comment and measured in docs/benchmarks.md",
+    "profile": "removed from the config: choose the render profile with render=NAME "
+               "(sim2real-render still takes profile=NAME on its command line)",
+}
 
 
 @lru_cache(maxsize=8)
@@ -21,6 +30,14 @@ def _config_file(path: str) -> dict[str, Any]:
 
     text = resources.files(__name__).joinpath(path).read_text()
     return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+
+
+def removed_key(override: str) -> str | None:
+    """What to say of a Hydra override (``key=value``, ``+key=value``) naming a removed key;
+    ``None`` when its key is not one."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    why = REMOVED_KEYS.get(key)
+    return None if why is None else f"{key} is no longer a config key: {why}"
 
 
 def config_default(path: str, key: str) -> Any:

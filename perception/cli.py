@@ -12,7 +12,7 @@ import logging
 import sys
 from importlib import resources
 
-__all__ = ["CliError", "check_override_types", "compose_config", "config_groups", "config_number", "exit_on_help", "help_text", "hydra_command_checks", "setup_logging"]
+__all__ = ["CliError", "check_override_types", "check_removed_keys", "compose_config", "config_groups", "config_number", "exit_on_help", "help_text", "hydra_command_checks", "setup_logging"]
 
 
 class CliError(SystemExit):
@@ -147,9 +147,26 @@ def exit_on_help(name: str, prog: str, doc: str, argv: list[str]) -> None:
         raise SystemExit(0)
 
 
+def check_removed_keys(argv: list[str], prog: str) -> None:
+    """Refuse an override of a key taken out of ``conf/`` (``conf.REMOVED_KEYS``), naming what
+    replaces it.
+
+    Raises:
+        CliError: exit 2.
+    """
+    from conf import removed_key
+
+    for arg in argv:
+        why = removed_key(arg) if "=" in arg and not arg.startswith("-") else None
+        if why:
+            raise CliError(prog, why)
+
+
 def hydra_command_checks(name: str, prog: str, doc: str, argv: list[str]) -> None:
-    """What a ``@hydra.main`` command's ``main()`` runs before Hydra: ``--help``, value types."""
+    """What a ``@hydra.main`` command's ``main()`` runs before Hydra: ``--help``, removed keys,
+    value types."""
     exit_on_help(name, prog, doc, argv)
+    check_removed_keys(argv, prog)
     check_override_types(name, argv, prog)
 
 
@@ -174,6 +191,7 @@ def compose_config(name: str, argv: list[str], prog: str, doc: str = ""):
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise CliError(prog, f"arguments must be Hydra overrides key=value, got {bad}; see {prog} --help")
+    check_removed_keys(argv, prog)
     check_override_types(name, argv, prog)
     GlobalHydra.instance().clear()
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from perception.cli import check_override_types, config_groups, help_text
+from conf import REMOVED_KEYS
+from perception.cli import check_override_types, compose_config, config_groups, help_text
 
 CONFIGS = ["pipeline", "render", "adapt", "train_policy", "base", "eval", "serve", "grasp_loop", "capture",
            "translate", "calibrate_intrinsics", "calibrate_handeye"]
@@ -46,3 +47,34 @@ def test_a_value_of_the_wrong_type_names_its_key(name, override, key, kind, caps
         check_override_types(name, [override], "prog")
     assert exc.value.code == 2
     assert f"prog: error: {key} must be {kind}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
+def test_no_removed_key_is_still_in_a_config(key):
+    """A key in conf.REMOVED_KEYS is gone from every command's composed config (with every
+    budget), so the refusal below never hides a key that still works."""
+    from omegaconf import OmegaConf
+
+    for name in CONFIGS:
+        budgets = [[f"budget={b}"] for b in ("tiny", "small", "full")] if "budget" in config_groups(name) else [[]]
+        for overrides in budgets:
+            cfg = compose_config(name, overrides, "prog")
+            assert OmegaConf.select(cfg, key, default="absent") == "absent", (name, overrides)
+
+
+def test_a_removed_key_is_refused_with_its_replacement(tmp_path):
+    """A removed key on a real command line: exit 2, the key and what replaces it, no run
+    folder made (Hydra alone would say "not in struct" and name nothing)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", "from policies.pipeline import main; main()", f"output_dir={out}",
+           "budget.time_limit_s=100"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "budget.time_limit_s is no longer a config key" in res.stderr and "docs/benchmarks.md" in res.stderr
+    assert not out.exists()
+    with pytest.raises(SystemExit) as exc:
+        compose_config("render", ["+profile=target"], "prog")
+    assert exc.value.code == 2
