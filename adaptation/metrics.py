@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sim_render.dataset import SEG_FIRST_OBJECT
+
 __all__ = [
     "N_SEG_CLASSES",
     "OBJECT_CLASS",
@@ -38,9 +40,10 @@ __all__ = [
     "predict_classes",
 ]
 
-#: Classes of the content probe: 0 table/background, 1 bin, 2 distractor, 3 grasp object.
-N_SEG_CLASSES = 4
-OBJECT_CLASS = 3
+#: Classes of the content probe: the dataset's labels up to its first object (table or
+#: background, bin, distractor), then every object as one class.
+OBJECT_CLASS = SEG_FIRST_OBJECT
+N_SEG_CLASSES = OBJECT_CLASS + 1
 
 
 def seg_classes(seg: torch.Tensor) -> torch.Tensor:

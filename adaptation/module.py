@@ -45,6 +45,7 @@ from torch import nn
 from adaptation import metrics as M
 from adaptation.data import to_uint8
 from adaptation.networks import build, count_parameters
+from sim_render.dataset import SEG_DISTRACTOR
 
 __all__ = ["CycleGANModule", "ImagePool", "masked_pmse", "content_mask", "lsgan_loss", "GENERATOR_FORMAT"]
 
@@ -61,8 +62,8 @@ def lsgan_loss(pred: torch.Tensor, target_is_real: bool) -> torch.Tensor:
 
 
 def content_mask(seg: torch.Tensor, dilate: int = 3) -> torch.Tensor:
-    """Float mask ``(N, 1, H, W)`` of objects and distractors (labels >= 2), dilated by ``dilate`` px."""
-    m = (seg >= 2).float()[:, None]
+    """Float mask ``(N, 1, H, W)`` of objects and distractors (labels >= ``SEG_DISTRACTOR``), dilated by ``dilate`` px."""
+    m = (seg >= SEG_DISTRACTOR).float()[:, None]
     if dilate > 0:
         m = F.max_pool2d(m, 2 * dilate + 1, stride=1, padding=dilate)
     return m

@@ -55,6 +55,7 @@ from perception.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_
 from perception.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
 from perception.preprocess import preprocess, to_network_input, view_maps
 from perception.rule import GRASP_DEPTH
+from sim_render.dataset import SEG_FIRST_OBJECT
 
 __all__ = [
     "augment_item",
@@ -231,7 +232,7 @@ def build_targets(
     H, W = seg_view.shape
     A = int(angle_bins)
     seg_view = np.asarray(seg_view)
-    object_mask = (seg_view >= 3) & valid
+    object_mask = (seg_view >= SEG_FIRST_OBJECT) & valid
     dense_negative = np.isin(seg_view, list(opt["dense_negative_labels"])) & valid
 
     if grasp_height is not None:

@@ -36,6 +36,7 @@ from perception.geometry import (
 )
 from perception.grasp import angle_to_bin, normalize_angle
 from perception.rule import ABOVE_TIPS, GRASP_DEPTH, fitting_grasps
+from sim_render.dataset import SEG_FIRST_OBJECT
 
 __all__ = [
     "depth_points", "height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels",
@@ -69,7 +70,7 @@ def height_grid(
 
     Args:
         depth: ``(h, w)`` metres along the camera's ``z`` (0 = nothing).
-        seg: ``(h, w)`` segmentation labels (objects are ``>= 3``).
+        seg: ``(h, w)`` segmentation labels (objects are ``>= SEG_FIRST_OBJECT``).
         camera: the camera that took the frame, at ``(w, h)``.
         resolution: cell size, metres.
         fill_iterations: see :func:`top_down_max`.
@@ -89,7 +90,7 @@ def height_grid(
     height, top_label = top_down_max(ix[inside], iy[inside], pts[inside, 2], lab[inside], (len(ys), len(xs)),
                                      fill_iterations)
     known = np.isfinite(height)
-    return xs, ys, height, known, known & (top_label >= 3)
+    return xs, ys, height, known, known & (top_label >= SEG_FIRST_OBJECT)
 
 
 def geometric_grasps(

@@ -8,7 +8,7 @@ are the image's edges, unlike the top-down view, where every part leans away fro
 and its edges smear):
 
 - ``height``: metres above ``table_z`` of the surface seen at the pixel;
-- ``object``: the probability that the pixel sees a part (segmentation label >= 3).
+- ``object``: the probability that the pixel sees a part (segmentation label >= ``SEG_FIRST_OBJECT``).
 
 The deployed decode (:func:`perception.geometry.camera_heights_to_surface`, torch-free,
 shared by the service and the evaluation) lifts each pixel onto its ray at the predicted
