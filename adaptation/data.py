@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from adaptation.images import iter_real_frames
 from conf import policy_default
-from perception.calibration import Calibration
+from perception.calibration import Calibration, load_calibration
 from perception.geometry import NetworkView, make_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
 
@@ -199,11 +199,7 @@ class AdaptDataModule(pl.LightningDataModule):
         view: dict | None = None,
     ) -> None:
         super().__init__()
-        from perception.calibration import default_calibration_path
-
-        if calibration is None:
-            calibration = default_calibration_path()
-        self.calib = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+        self.calib = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
         self.sim_dir, self.real_dir = Path(sim_dir), Path(real_dir)
         self.image_size = (int(image_size[0]), int(image_size[1]))
         if self.image_size[0] % 4 or self.image_size[1] % 4:

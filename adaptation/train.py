@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from adaptation.data import AdaptDataModule
 from adaptation.module import CycleGANModule, _jsonable
 from perception.atomic import atomic_write_text
-from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.calibration import Calibration, CalibrationError, calibration_path
 
 __all__ = ["main", "train", "compose_config", "resolve_ckpt_path", "build_logger", "REPORT_NAME"]
 
@@ -146,7 +146,7 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
     real_dir = _require(cfg, "real_dir", "pass real_dir=DIR, a folder of frames from the calibrated camera")
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)
-    calib_path = cfg.calibration if cfg.get("calibration") else default_calibration_path()
+    calib_path = calibration_path(cfg.get("calibration"))
     calib = Calibration.load(calib_path)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)

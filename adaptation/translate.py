@@ -282,7 +282,7 @@ def run(args) -> dict[str, Any]:
     """
     from adaptation.images import IMAGE_SUFFIXES, read_rgb
     from perception.atomic import atomic_write_text
-    from perception.calibration import Calibration, default_calibration_path
+    from perception.calibration import load_calibration
     from perception.cli import config_number
     from perception.preprocess import preprocess
 
@@ -301,7 +301,7 @@ def run(args) -> dict[str, Any]:
     inp = Path(args["input"])
     out = Path(args["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    calib = Calibration.load(args.get("calibration") or default_calibration_path())
+    calib = load_calibration(args.get("calibration"))
     frames: list[np.ndarray] = []
     if (inp / "manifest.json").is_file():
         from adaptation.data import open_sim_dataset

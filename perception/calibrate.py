@@ -35,7 +35,7 @@ import cv2
 import numpy as np
 
 from perception.atomic import atomic_write_bytes
-from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.calibration import Calibration, CalibrationError, calibration_path
 from perception.cameras.replay import list_frames
 from perception.frames import invert_transform, rotation_angle
 from perception.imageio import ImageDecodeError, read_image
@@ -476,7 +476,7 @@ def _run_intrinsics(cfg) -> dict:
     board = _board(cfg)
     files, images = _load_images(Path(cfg.images))
     res = calibrate_intrinsics(images, board, min_views=int(cfg.min_views))
-    base_path = Path(cfg.base) if cfg.base else default_calibration_path()
+    base_path = calibration_path(cfg.base)
     base = Calibration.load(base_path).to_dict()
     if tuple(base["image_size"]) != tuple(res["image_size"]):
         log.warning("base calibration %s is for %s frames, these images are %s: keep its pose and workspace "

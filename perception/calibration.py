@@ -20,7 +20,8 @@ import numpy as np
 from perception.atomic import atomic_write_text
 from perception.frames import invert_transform
 
-__all__ = ["Calibration", "CalibrationError", "MIN_WORKSPACE_VISIBLE", "default_calibration_path"]
+__all__ = ["Calibration", "CalibrationError", "MIN_WORKSPACE_VISIBLE", "calibration_path", "default_calibration_path",
+           "load_calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,17 @@ class CalibrationError(ValueError):
 def default_calibration_path() -> Path:
     """Path of the calibration shipped with the package (a plausible 640x480 cell)."""
     return Path(str(resources.files("perception") / "data" / "default_calibration.json"))
+
+
+def calibration_path(path: str | Path | None = None) -> Path:
+    """The calibration file a command's ``calibration=`` names, or the packaged default when it
+    names none (``null`` or empty): the one place every command resolves it."""
+    return default_calibration_path() if path is None or str(path) == "" else Path(path)
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """:func:`calibration_path`'s calibration, loaded and checked (:meth:`Calibration.load`)."""
+    return Calibration.load(calibration_path(path))
 
 
 def _matrix(data: dict, name: str, shape: tuple[int, ...]) -> np.ndarray:

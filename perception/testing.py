@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, file_sha256
-from perception.calibration import Calibration, default_calibration_path
+from perception.calibration import Calibration, load_calibration
 from perception.geometry import make_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
@@ -60,7 +60,7 @@ def make_test_artifact(
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    calib = calibration or Calibration.load(default_calibration_path())
+    calib = calibration or load_calibration()
     view = make_view(calib, view_size, view_kind)
     W, H = view.size
     A = int(angle_bins)
@@ -173,7 +173,7 @@ def make_test_frame(
 
     from perception.geometry import project_points
 
-    calib = calib or Calibration.load(default_calibration_path())
+    calib = calib or load_calibration()
     W, H = calib.image_size
     rng = np.random.default_rng(seed)
     img = rng.integers(40, 90, size=(H, W, 3), dtype=np.uint8)

@@ -30,7 +30,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from perception.atomic import atomic_write_text
-from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.calibration import Calibration, CalibrationError, load_calibration
 from sim_render.api import to_plain
 
 __all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base", "main"]
@@ -139,7 +139,7 @@ def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
     from sim_render.api import render_config
     from sim_render.cli import render
 
-    calib = Calibration.load(default_calibration_path())
+    calib = load_calibration()
     overrides = [f"scenes_per_shard={int(cfg.scenes_per_shard)}", f"render.frames_per_scene={int(cfg.frames_per_scene)}",
                  *(cfg.randomization.overrides if cfg.get("randomization") else [])]
     dirs = []

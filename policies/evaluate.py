@@ -740,7 +740,7 @@ def _summary_line(name: str, r: dict) -> str:
 def run_eval(cfg: DictConfig) -> dict:
     """What ``sim2real-eval`` does; returns the JSON it writes."""
     from perception.atomic import atomic_write_text
-    from perception.calibration import default_calibration_path
+    from perception.calibration import load_calibration
     from perception.cli import config_number
 
     # Ranges before any work (ValueError names the key; the command exits 2).
@@ -759,7 +759,7 @@ def run_eval(cfg: DictConfig) -> dict:
                             precision=str(cfg.precision))
         calib = policy.calibration
     else:
-        calib = Calibration.load(cfg.calibration or default_calibration_path())
+        calib = load_calibration(cfg.calibration)
     result: dict[str, Any] = {
         "artifact": str(cfg.artifact) if cfg.artifact else None,
         "calibration": calib.to_dict(),

@@ -28,7 +28,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.atomic import atomic_write_text, replace_tree
-from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.calibration import Calibration, CalibrationError, calibration_path
 from perception.cliutil import check_writable_dir_args, fail
 from sim_render.api import to_plain
 
@@ -131,7 +131,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     t_start = time.perf_counter()
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)
-    calib_path = Path(cfg.calibration) if cfg.calibration else default_calibration_path()
+    calib_path = calibration_path(cfg.calibration)
     calib = Calibration.load(calib_path)
     budget = cfg.budget
     stages = Stages(out, bool(cfg.reuse))

@@ -20,17 +20,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.atomic import atomic_write_text
-from perception.calibration import Calibration, CalibrationError, default_calibration_path
+from perception.calibration import Calibration, CalibrationError, load_calibration
 from perception.cliutil import check_writable_dir_args
 
-__all__ = ["main", "render", "config_hash", "load_calibration", "parse_shard_range"]
+__all__ = ["main", "render", "config_hash", "parse_shard_range"]
 
 log = logging.getLogger(__name__)
-
-
-def load_calibration(path: str | None) -> Calibration:
-    """The user's calibration, or the packaged default when ``path`` is None."""
-    return Calibration.load(path if path else default_calibration_path())
 
 
 def config_hash(calib: Calibration, render_cfg: DictConfig, seed: int, scenes_per_shard: int) -> str:

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from perception.calibration import Calibration, default_calibration_path
+from perception.calibration import Calibration, load_calibration
 from perception.cameras.base import Camera, CameraError, Frame
 from perception.robots import GraspRequest, Outcome, RobotAdapter
 from sim_render.camera import render_camera
@@ -61,7 +61,7 @@ class SimCell:
         renderer: str = "tiny",
         read_noise: float = 1.0,
     ) -> None:
-        self.calib = calib or Calibration.load(default_calibration_path())
+        self.calib = calib or load_calibration()
         self.read_noise = float(read_noise)
         self._noise_rng = np.random.default_rng(np.random.SeedSequence([int(seed), 104729]))
         self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 7919]))

@@ -72,3 +72,20 @@ def test_a_workspace_mostly_out_of_view_is_refused():
     assert Calibration.from_dict(data, check_view=False).workspace_visible_share() < MIN_WORKSPACE_VISIBLE
     with pytest.raises(CalibrationError, match=r"outside the camera's view: the camera sees \d+%"):
         Calibration.from_dict(data)
+
+
+def test_one_loader_resolves_every_commands_calibration(tmp_path):
+    """``calibration=`` null or empty is the packaged camera; a path is that file, checked."""
+    from perception.calibration import calibration_path, load_calibration
+
+    assert calibration_path(None) == calibration_path("") == default_calibration_path()
+    assert load_calibration().digest() == Calibration.load(default_calibration_path()).digest()
+    moved = json.loads(default_calibration_path().read_text())
+    moved["T_base_camera"][0][3] += 0.01
+    mine = tmp_path / "cell.json"
+    mine.write_text(json.dumps(moved))
+    assert calibration_path(str(mine)) == mine
+    assert load_calibration(mine).digest() != load_calibration().digest()
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(CalibrationError):
+        load_calibration(tmp_path / "bad.json")
