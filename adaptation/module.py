@@ -35,7 +35,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -45,6 +44,7 @@ from torch import nn
 from adaptation import metrics as M
 from adaptation.data import to_uint8
 from adaptation.networks import build, count_parameters
+from perception.jsonio import to_jsonable
 from sim_render.dataset import SEG_DISTRACTOR
 
 __all__ = ["CycleGANModule", "ImagePool", "masked_pmse", "content_mask", "lsgan_loss", "GENERATOR_FORMAT"]
@@ -568,16 +568,16 @@ class CycleGANModule(pl.LightningModule):
             return None
         from adaptation.translate import save_generator
 
-        return save_generator(self.G_sim2real_ema.state_dict(), _jsonable(self.generator_metadata()), d)
+        return save_generator(self.G_sim2real_ema.state_dict(), to_jsonable(self.generator_metadata()), d)
 
     # -------------------------------------------------------------- checkpoint extras
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["adaptation"] = {
-            "best": _jsonable(self.best),
+            "best": to_jsonable(self.best),
             "wandb_run_id": self.run_id,
             "train_time": float(self._train_time),
             "train_images": int(self._train_images),
-            "baseline": _jsonable(self._baseline) if self._baseline else None,
+            "baseline": to_jsonable(self._baseline) if self._baseline else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -591,15 +591,3 @@ class CycleGANModule(pl.LightningModule):
     def throughput(self) -> float:
         """Training images per second (all processes), validation excluded."""
         return self._train_images / self._train_time if self._train_time > 0 else float("nan")
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x

@@ -12,7 +12,6 @@ Writes into ``output_dir``: ``checkpoints/{last,best}.ckpt`` (weights + resolved
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -29,9 +28,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from adaptation.data import AdaptDataModule
-from adaptation.module import CycleGANModule, _jsonable
+from adaptation.module import CycleGANModule
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration, CalibrationError, calibration_path
+from perception.jsonio import write_json
 
 __all__ = ["main", "train", "compose_config", "resolve_ckpt_path", "build_logger", "REPORT_NAME"]
 
@@ -209,7 +209,7 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         report = _report(module, dm, cfg, out, wall, ckpt_cb)
         if trainer.is_global_zero:
-            atomic_write_text(out / REPORT_NAME, json.dumps(_jsonable(report), indent=2) + "\n")
+            write_json(out / REPORT_NAME, report, indent=2)
     finally:
         _finish_logger(logger, keep=outer_run)
     return report

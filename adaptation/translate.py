@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from adaptation.networks import build
+from perception.jsonio import write_json
 
 __all__ = ["GeneratorError", "load_generator", "save_generator", "generator_view", "translate", "Translator", "main"]
 
@@ -87,14 +88,13 @@ def _read(path: str | Path) -> tuple[dict, dict]:
 def save_generator(state: dict, meta: dict, out_dir: str | Path) -> Path:
     """Write ``generator.pt`` (a plain state_dict, tensors on the CPU) and ``generator.json``
     into ``out_dir``, each atomically; what :func:`load_generator` reads."""
-    from perception.atomic import atomic_write_text
 
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / "generator.pt.tmp"
     torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, tmp)
     tmp.replace(d / "generator.pt")
-    atomic_write_text(d / "generator.json", json.dumps(meta, indent=2, default=str) + "\n")
+    write_json(d / "generator.json", meta, indent=2)
     return d / "generator.pt"
 
 
@@ -281,7 +281,6 @@ def run(args) -> dict[str, Any]:
     ``args``: ``conf/translate.yaml``'s keys (a mapping).
     """
     from adaptation.images import IMAGE_SUFFIXES, read_rgb
-    from perception.atomic import atomic_write_text
     from perception.calibration import load_calibration
     from perception.cli import config_number
     from perception.preprocess import preprocess
@@ -332,7 +331,7 @@ def run(args) -> dict[str, Any]:
         "frames": n, "generator": str(args["generator"]), "input": str(inp), "output_dir": str(out),
         "image_size": list(size or ()),
     }
-    atomic_write_text(out / "translate.json", json.dumps(info, indent=2) + "\n")
+    write_json(out / "translate.json", info, indent=2)
     return info
 
 

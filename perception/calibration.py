@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from perception.atomic import atomic_write_text
 from perception.frames import invert_transform
+from perception.jsonio import write_json
 
 __all__ = ["Calibration", "CalibrationError", "MIN_WORKSPACE_VISIBLE", "calibration_path", "default_calibration_path",
            "load_calibration"]
@@ -179,7 +179,7 @@ class Calibration:
         return out
 
     def save(self, path: str | Path) -> None:
-        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict(), indent=2)
 
     def digest(self) -> str:
         """Stable hash of the calibration's content (for cache keys and artifacts)."""

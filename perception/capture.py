@@ -12,7 +12,6 @@ SIGINT / SIGTERM end it early, keeping what was captured.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -23,9 +22,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from perception.atomic import atomic_write_text
 from perception.cameras import CameraError, StaleFrameError, ThreadedCamera, open_camera
 from perception.imageio import write_image
+from perception.jsonio import write_json
 from perception.overlay import contact_sheet
 
 __all__ = ["capture_frames", "frame_stats", "main"]
@@ -124,7 +123,7 @@ def capture_frames(
             "frames": records,
             "camera_status": camera.status(),
         }
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_json(out / "summary.json", summary, indent=2)
         summary_box.append(summary)
     return summary_box[0]
 

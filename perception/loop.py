@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from perception.artifact import PolicyRunner
-from perception.atomic import atomic_write_text
 from perception.cameras import StaleFrameError, ThreadedCamera
 from perception.cameras.base import Frame
 from perception.decode import decode_grasp, grasp_in_workspace
+from perception.jsonio import write_json
 from perception.recording import Recording, RecordingError, load_attempts
 from perception.repeats import RepeatGuard, repeat_options
 from perception.robots import GraspRequest, Outcome, RobotAdapter, RobotError
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {**stats.to_dict(), "duration_s": round(time.monotonic() - t0, 2),
                "out_dir": None if not cfg.out_dir else str(cfg.out_dir)}
     if cfg.out_dir:
-        atomic_write_text(Path(cfg.out_dir) / "last_session.json", json.dumps(summary, indent=2) + "\n")
+        write_json(Path(cfg.out_dir) / "last_session.json", summary, indent=2)
     log.info("loop finished: %s", json.dumps(summary))
     if loop.stopped_for_safety:
         print(f"{prog}: stopped: {stats.stop_reason}", file=sys.stderr)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.atomic import atomic_write_text
+from perception.jsonio import write_json
 
 __all__ = ["DEFAULT_ONLINE", "OnlineResidual"]
 
@@ -76,5 +76,5 @@ class OnlineResidual:
             self.updates += 1
             state = {"shift": self.shift.tolist(), "updates": self.updates,
                      "options": {"bands": self.bands, "lr": self.lr, "bound": self.bound}}
-            atomic_write_text(self.path, json.dumps(state) + "\n")
+            write_json(self.path, state, indent=None)
             return float(self.shift[a, b])

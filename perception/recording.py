@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from perception.atomic import atomic_write_bytes, atomic_write_text
+from perception.atomic import atomic_write_bytes
 from perception.calibration import Calibration
+from perception.jsonio import dumps_json, write_json
 
 __all__ = ["ATTEMPTS_FILE", "OUTCOMES_FILE", "FRAMES_DIR", "HEADER_FILE", "Recording", "RecordingError",
            "attempt_key", "load_attempts", "load_header"]
@@ -171,7 +172,7 @@ class Recording:
                 header.update(calibration_digest=calib.digest(), image_size=list(calib.image_size),
                               calibration=calib.to_dict())
         header["sessions"] = [*header.get("sessions", []), {"source": source, "started": time.time()}]
-        atomic_write_text(self.dir / HEADER_FILE, json.dumps(header, indent=1) + "\n")
+        write_json(self.dir / HEADER_FILE, header)
 
     @property
     def count(self) -> int:
@@ -200,7 +201,7 @@ class Recording:
         with self._lock:
             if fh.closed:  # a request still running at shutdown: not recorded, not a crash
                 raise OSError(f"the recording in {self.dir} is closed")
-            fh.write(json.dumps(line) + "\n")
+            fh.write(dumps_json(line, indent=None))
             fh.flush()
             os.fsync(fh.fileno())
 

@@ -18,7 +18,6 @@ with ``torch.load(..., weights_only=True)``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import sys
@@ -29,8 +28,8 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from perception.atomic import atomic_write_text
 from perception.calibration import Calibration, CalibrationError, load_calibration
+from perception.jsonio import write_json
 from sim_render.api import to_plain
 
 __all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base", "main"]
@@ -200,7 +199,7 @@ def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s:
     torch.save({**saved, "name": name, "data": data}, str(tmp))
     tmp.replace(target)
     info = {"name": name, "data": data, **{k: v for k, v in g.items() if k != "path"}}
-    atomic_write_text(out / f"{name}.json", json.dumps(info, indent=1, default=str) + "\n")
+    write_json(out / f"{name}.json", info)
     return {"base": str(target), **info}
 
 
@@ -232,7 +231,7 @@ def _train_policy_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: f
     tmp = target.with_suffix(".pt.tmp")
     torch.save({"format": BASE_FORMAT, "state_dict": state, **info}, str(tmp))
     tmp.replace(target)
-    atomic_write_text(out / f"{cfg.name}.json", json.dumps(info, indent=1, default=str) + "\n")
+    write_json(out / f"{cfg.name}.json", info)
     return {"base": str(target), **info}
 
 

@@ -31,7 +31,6 @@ and are run once.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -49,6 +48,7 @@ from perception.calibration import Calibration
 from perception.decode import DecodedGrasp, decode_grasp
 from perception.geometry import NetworkView, project_points
 from perception.grasp import Grasp
+from perception.jsonio import write_json
 
 __all__ = [
     "EVAL_SEED_BASE",
@@ -739,7 +739,6 @@ def _summary_line(name: str, r: dict) -> str:
 
 def run_eval(cfg: DictConfig) -> dict:
     """What ``sim2real-eval`` does; returns the JSON it writes."""
-    from perception.atomic import atomic_write_text
     from perception.calibration import load_calibration
     from perception.cli import config_number
 
@@ -773,7 +772,7 @@ def run_eval(cfg: DictConfig) -> dict:
     )
     result.update(res)
     out = Path(cfg.output) if cfg.output else (Path(cfg.artifact) / "eval.json" if cfg.artifact else Path("eval.json"))
-    atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     for d, r in result["policy"].items():
         print(_summary_line(f"policy@{d}", r))
     for b, r in result["brackets"].items():

@@ -18,7 +18,6 @@ ONNX graph is run with onnxruntime and compared with torch (max abs difference
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -33,9 +32,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, METADATA_FILE, file_sha256
-from perception.atomic import atomic_write_text, default_dir_mode, default_file_mode
+from perception.atomic import default_dir_mode, default_file_mode
 from perception.calibration import Calibration
 from perception.geometry import NetworkView
+from perception.jsonio import write_json
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 from policies.networks import ExportWrapper, GraspNet
 
@@ -276,7 +276,7 @@ def export_artifact(
             meta["geometry"] = _export_geometry(geometry, calibration, tmp, verify_atol)
             meta["geometry"]["onnx_sha256"] = file_sha256(tmp / GEOMETRY_ONNX_FILE)
         meta["onnx_sha256"] = file_sha256(onnx_path)  # the loader refuses a graph changed after export
-        atomic_write_text(tmp / METADATA_FILE, json.dumps(meta, indent=1, default=_json_default) + "\n")
+        write_json(tmp / METADATA_FILE, meta)
         # mkdtemp makes a private folder; the artifact gets what a plain mkdir / open would (the umask's).
         os.chmod(tmp, default_dir_mode())
         for f in tmp.iterdir():
@@ -296,13 +296,3 @@ def export_artifact(
         net.train(was_training)
     log.info("exported the policy artifact to %s (onnx vs torch max diff %.1e)", out, diff)
     return out
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")

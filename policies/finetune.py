@@ -38,9 +38,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
-from perception.atomic import atomic_write_text, replace_tree
+from perception.atomic import replace_tree
 from perception.calibration import Calibration
 from perception.geometry import NetworkView
+from perception.jsonio import write_json
 from perception.recording import load_attempts, load_header
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
@@ -285,7 +286,7 @@ def finetune(cfg: DictConfig) -> dict:
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wall_s": time.perf_counter() - t0,
     }
-    atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    write_json(out / "report.json", report)
     return report
 
 

@@ -22,7 +22,6 @@ export puts it into the artifact as ``geometry.onnx`` (``policy.geometry``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -37,9 +36,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from perception.atomic import atomic_write_text
 from perception.calibration import Calibration
 from perception.geometry import NetworkView, make_view
+from perception.jsonio import write_json
 from perception.preprocess import preprocess, to_network_input
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
@@ -332,5 +331,5 @@ def train_geometry(
     tmp = path.with_suffix(".pt.tmp")
     torch.save({**info, "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}}, str(tmp))
     tmp.replace(path)
-    atomic_write_text(out / "geometry.json", json.dumps(info, indent=1, default=str) + "\n")
+    write_json(out / "geometry.json", info)
     return {"path": str(path), **info}

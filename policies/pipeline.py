@@ -27,9 +27,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from perception.atomic import atomic_write_text, replace_tree
+from perception.atomic import replace_tree
 from perception.calibration import Calibration, CalibrationError, calibration_path
 from perception.cliutil import check_writable_dir_args, fail
+from perception.jsonio import write_json
 from sim_render.api import to_plain
 
 __all__ = ["run_pipeline", "main", "stage_hash"]
@@ -77,7 +78,7 @@ class Stages:
         wall = time.perf_counter() - t0
         rec = {"stage": name, "hash": h, "dir": str(d), "payload": payload, "result": result, "wall_s": wall,
                "reused": False}
-        atomic_write_text(marker, json.dumps(rec, indent=1, default=str) + "\n")
+        write_json(marker, rec)
         self.records[name] = rec
         log.info("stage %-8s done in %.1f s", name, wall)
         return d, result, h
@@ -280,7 +281,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         res = evaluate_domains(pol, list(e_cfg["domains"]), calib, int(e_cfg["n_episodes"]), seed,
                                bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"],
                                empty_bin_frames=int(e_cfg.get("empty_bin_frames", 0)))
-        atomic_write_text(d / "eval.json", json.dumps(res, indent=1, default=str) + "\n")
+        write_json(d / "eval.json", res)
         return res
 
     _, eval_res, _ = stages.run("eval", e_payload, make_eval)

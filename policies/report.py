@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 from perception.atomic import atomic_write_text
 from perception.calibration import Calibration
 from perception.draw import SUCCESS_COLOR, caption_image, draw_grasp, label_image, panel
+from perception.jsonio import write_json
 from perception.overlay import draw_decoded
 
 __all__ = ["write_report", "eval_rows"]
@@ -115,7 +115,7 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
         _bar_plot(rows, plot, f"budget={report['budget']} adaptation={report['adaptation']} seed={report['seed']}")
     panels = _panels(out, sim_dataset, real_dir, translator, calib, Path(report["artifact"]))
     report["figures"] = {"success": plot.name if rows else None, "panels": panels.name if panels else None}
-    atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    write_json(out / "report.json", report)
 
     md = [f"# sim2real-grasp report: budget={report['budget']}, adaptation={report['adaptation']}, "
           f"seed={report['seed']}", "", *verdict(report["evaluation"], report["budget"]), "",

@@ -12,7 +12,6 @@ and ``train_summary.json`` (what :func:`train_policy` returns).
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import sys
 import time
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from conf import policy_default
 from perception.atomic import atomic_write_text
+from perception.jsonio import write_json
 from policies.data import Translator, make_policy_datasets
 from policies.module import GraspPolicyModule
 
@@ -289,7 +288,7 @@ def train_policy(
         )
         summary["artifact"] = str(art)
     if trainer.is_global_zero:
-        atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1, default=_jsonable) + "\n")
+        write_json(out / "train_summary.json", summary)
     tlog.finish()
     return summary
 
@@ -307,12 +306,6 @@ def geometry_export(pcfg: DictConfig | dict) -> dict | None:
     return {"base": load_base(pcfg.geometry, GEOMETRY_FORMAT),
             "options": OmegaConf.to_container(opts, resolve=True) if isinstance(opts, DictConfig) else dict(opts or {}),
             "info": {"name": str(pcfg.geometry), "digest": base_digest(pcfg.geometry)}}
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    return str(o)
 
 
 def load_translator(path: str | Path) -> Translator:

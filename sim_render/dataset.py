@@ -33,6 +33,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from perception import jsonio
 from perception.atomic import atomic_write_bytes, atomic_write_text
 from perception.calibration import Calibration
 from perception.geometry import project_points
@@ -351,27 +352,14 @@ def shard_name(index: int) -> str:
 
 
 def to_jsonable(value: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples to plain JSON types (recursively)."""
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return to_jsonable(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"non-finite number {value} cannot be stored in shard metadata")
-    if isinstance(value, Path):
-        return str(value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    raise TypeError(f"value of type {type(value).__name__} is not JSON-serialisable: {value!r}")
+    """Plain JSON types for shard metadata: :func:`perception.jsonio.to_jsonable`, strict
+    (a non-finite number or an unknown type is an error: the file is data)."""
+    return jsonio.to_jsonable(value, strict=True)
 
 
 def _dumps(obj: Any) -> str:
     # sort_keys + fixed separators: the same content always gives the same bytes.
-    return json.dumps(to_jsonable(obj), sort_keys=True, indent=1, allow_nan=False) + "\n"
+    return jsonio.dumps_json(obj, indent=1, sort_keys=True, strict=True)
 
 
 def _json_path(path_npz: Path) -> Path:
