@@ -72,7 +72,8 @@ import numpy as np
 from perception.calibration import Calibration, CalibrationError
 from perception.frames import rotation_angle
 from perception.geometry import NetworkView, SurfaceRebuild
-from perception.preprocess import preprocess, to_network_input
+from perception.jsonio import to_jsonable, write_json
+from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, to_network_input
 from perception.rule import CHECK_OPTIONS, rule_options
 
 __all__ = [
@@ -85,6 +86,8 @@ __all__ = [
     "PolicyRunner",
     "PRECISIONS",
     "load_metadata",
+    "policy_metadata",
+    "write_metadata",
     "file_sha256",
     "calibration_drift",
     "check_calibration",
@@ -313,6 +316,65 @@ def _decode_options(d: Any) -> dict:
         except ValueError as exc:
             raise ArtifactError(f"artifact metadata field 'decode.rule': {exc}") from exc
     return out
+
+
+def policy_metadata(
+    onnx_name: str,
+    input_size: tuple[int, int],
+    output_names: Any,
+    angle_bins: int,
+    quality_threshold: float,
+    view: NetworkView,
+    calibration: Calibration,
+    training: dict,
+    code_version: str,
+    decode: dict | None = None,
+) -> dict:
+    """The ``metadata.json`` of a policy artifact, every field :func:`load_metadata` reads,
+    built in one place for every writer (the exporter, the test artifacts).
+
+    Args:
+        onnx_name: the graph's file name inside the artifact.
+        input_size: ``(W, H)`` of the network input (the view's size).
+        output_names: the graph's output names (``quality``, ``width``, ``height``[, ``surface``]).
+        training: what the artifact was trained on (stored as ``training``).
+        code_version: the commit it was exported at.
+        decode: :func:`perception.decode.decode_grasp` options (``None``: none).
+    """
+    w, h = (int(v) for v in input_size)
+    return {
+        "format": ARTIFACT_FORMAT,
+        "format_version": ARTIFACT_FORMAT_VERSION,
+        "onnx": onnx_name,
+        "input": {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32", "size": [w, h],
+                  "mean": list(IMAGE_MEAN), "std": list(IMAGE_STD)},
+        "outputs": {k: k for k in output_names},
+        "angle_bins": int(angle_bins),
+        "quality_threshold": float(quality_threshold),
+        "decode": dict(decode or {}),
+        "view": view.to_dict(),
+        "calibration": calibration.to_dict(),
+        "training": dict(training),
+        "code_version": str(code_version),
+    }
+
+
+def write_metadata(artifact_dir: str | Path, meta: dict) -> ArtifactMetadata:
+    """Write ``artifact_dir/metadata.json`` atomically once it reads back as :func:`load_metadata`
+    reads it (graphs present, hashes matching): no writer leaves metadata the loader refuses.
+
+    ``onnx_sha256`` is filled in from the graph when absent.
+
+    Raises:
+        ArtifactError: the metadata would not load (nothing is written).
+    """
+    root = Path(artifact_dir)
+    meta = to_jsonable(meta)
+    if "onnx_sha256" not in meta and isinstance(meta.get("onnx"), str) and (root / meta["onnx"]).is_file():
+        meta["onnx_sha256"] = file_sha256(root / meta["onnx"])
+    parsed = _parse_metadata(root, meta)
+    write_json(root / METADATA_FILE, meta)
+    return parsed
 
 
 def load_metadata(artifact_dir: str | Path) -> ArtifactMetadata:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, file_sha256
+from perception.artifact import policy_metadata, write_metadata
 from perception.calibration import Calibration, load_calibration
 from perception.geometry import make_view
 from perception.grasp import angle_to_bin, base_grasp_to_view
-from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 
 __all__ = ["make_test_artifact", "make_test_frame", "scan_bomb_jpeg", "send_json", "free_port", "wait_until_healthy",
            "resident_memory_bytes"]
@@ -140,24 +139,9 @@ def make_test_artifact(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(out / "policy.onnx"))
-    meta = {
-        "format": ARTIFACT_FORMAT,
-        "format_version": ARTIFACT_FORMAT_VERSION,
-        "onnx": "policy.onnx",
-        "input": {
-            "name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
-            "size": [W, H], "mean": list(IMAGE_MEAN), "std": list(IMAGE_STD),
-        },
-        "outputs": {"quality": "quality", "width": "width", "height": "height"},
-        "angle_bins": A,
-        "quality_threshold": threshold,
-        "view": view.to_dict(),
-        "calibration": calib.to_dict(),
-        "training": {"synthetic": True, "peak_xy": peak_xy, "peak_yaw": peak_yaw, "gain": gain},
-        "code_version": "test",
-        "onnx_sha256": file_sha256(out / "policy.onnx"),
-    }
-    (out / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_metadata(out, policy_metadata(
+        "policy.onnx", (W, H), ("quality", "width", "height"), A, threshold, view, calib,
+        {"synthetic": True, "peak_xy": peak_xy, "peak_yaw": peak_yaw, "gain": gain}, "test"))
     return out
 
 

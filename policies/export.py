@@ -31,11 +31,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from perception.artifact import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, METADATA_FILE, file_sha256
+from perception.artifact import file_sha256, policy_metadata, write_metadata
 from perception.atomic import default_dir_mode, default_file_mode
 from perception.calibration import Calibration
 from perception.geometry import NetworkView
-from perception.jsonio import write_json
 from perception.preprocess import IMAGE_MEAN, IMAGE_STD
 from policies.networks import ExportWrapper, GraspNet
 
@@ -250,33 +249,14 @@ def export_artifact(
         diff = max(onnx_torch_max_diff(net, onnx_path, x, flip_average) for x in checks)
         if not diff <= verify_atol:
             raise ExportError(f"onnxruntime and torch outputs differ by {diff:.2e} (> {verify_atol:.0e})")
-        meta = {
-            "format": ARTIFACT_FORMAT,
-            "format_version": ARTIFACT_FORMAT_VERSION,
-            "onnx": ONNX_FILE,
-            "input": {
-                "name": "image",
-                "layout": "NCHW",
-                "channels": "RGB",
-                "dtype": "float32",
-                "size": [int(w), int(h)],
-                "mean": list(IMAGE_MEAN),
-                "std": list(IMAGE_STD),
-            },
-            "outputs": {k: k for k in OUTPUT_NAMES},
-            "angle_bins": int(net.angle_bins),
-            "quality_threshold": threshold,
-            "decode": dict(cfgd.get("decode") or {}),
-            "view": view.to_dict(),
-            "calibration": calibration.to_dict(),
-            "training": {**(training or {}), "config": cfgd, "onnx_max_abs_diff": diff},
-            "code_version": code_version(),
-        }
+        meta = policy_metadata(ONNX_FILE, (w, h), OUTPUT_NAMES, net.angle_bins, threshold, view, calibration,
+                               {**(training or {}), "config": cfgd, "onnx_max_abs_diff": diff}, code_version(),
+                               cfgd.get("decode"))
         if geometry is not None:
             meta["geometry"] = _export_geometry(geometry, calibration, tmp, verify_atol)
             meta["geometry"]["onnx_sha256"] = file_sha256(tmp / GEOMETRY_ONNX_FILE)
         meta["onnx_sha256"] = file_sha256(onnx_path)  # the loader refuses a graph changed after export
-        write_json(tmp / METADATA_FILE, meta)
+        write_metadata(tmp, meta)
         # mkdtemp makes a private folder; the artifact gets what a plain mkdir / open would (the umask's).
         os.chmod(tmp, default_dir_mode())
         for f in tmp.iterdir():

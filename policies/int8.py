@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.artifact import METADATA_FILE, file_sha256, load_metadata
-from perception.jsonio import write_json
+from perception.artifact import METADATA_FILE, file_sha256, load_metadata, write_metadata
 from perception.preprocess import preprocess, to_network_input
 
 __all__ = ["Int8Error", "INT8_SUFFIX", "add_int8_graphs"]
@@ -137,8 +136,7 @@ def add_int8_graphs(artifact_dir: str | Path, frames: Sequence[np.ndarray], max_
             raise Int8Error(f"could not quantize the graphs of {root}: {type(exc).__name__}: {exc}") from exc
         for part in done:
             part.replace(root / part.name)
-    write_json(root / METADATA_FILE, raw)
-    load_metadata(root)  # the artifact still loads, the new hashes match
+    write_metadata(root, raw)  # only once it loads: the new hashes match
     log.info("int8 graphs in %s (%d calibration frames): policy quality differs by at most %.3f", root,
              len(cal_idx), raw["int8"]["max_abs_diff"].get(meta.outputs["quality"], float("nan")))
     return raw["int8"]

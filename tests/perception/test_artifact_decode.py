@@ -357,3 +357,23 @@ def test_safety_check_bounds_the_height(calib):
     for z in (calib.table_z - 0.01, calib.table_z + 0.2):
         assert not grasp_in_workspace(Grasp(position=[x, y, z], yaw=0.1, width=0.05, quality=0.9), calib), z
     assert not grasp_in_workspace(ok, calib, margin=-0.5)
+
+
+def test_the_metadata_writer_writes_only_what_the_loader_reads(tmp_path):
+    """One writer for metadata.json (the exporter and the test artifacts): a field the loader
+    would refuse stops the write and leaves the file as it was."""
+    from perception.artifact import ArtifactError, load_metadata, write_metadata
+
+    art = make_test_artifact(tmp_path / "art")
+    before = (art / "metadata.json").read_bytes()
+    meta = json.loads(before)
+    assert load_metadata(art).angle_bins == meta["angle_bins"]
+    for field, bad in (("quality_threshold", 1.5), ("angle_bins", 0), ("onnx", "../policy.onnx")):
+        with pytest.raises(ArtifactError, match=field):
+            write_metadata(art, {**meta, field: bad})
+        assert (art / "metadata.json").read_bytes() == before
+    (art / "policy.onnx").write_bytes((art / "policy.onnx").read_bytes() + b"\0")
+    with pytest.raises(ArtifactError, match="onnx_sha256"):
+        write_metadata(art, meta)  # the graph changed after its hash was taken
+    del meta["onnx_sha256"]
+    assert write_metadata(art, meta).onnx_path == art / "policy.onnx"  # a missing hash is taken from the graph
