@@ -71,7 +71,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Translator = Callable[[np.ndarray], np.ndarray]
+#: What a dataset calls to adapt its frames: ``(N, H, W, 3) uint8`` sim -> adapted (e.g. an
+#: :class:`adaptation.translate.Translator`, the picklable one the loaders use).
+TranslateFn = Callable[[np.ndarray], np.ndarray]
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -434,7 +436,7 @@ class PolicyFrames(Dataset):
         view: NetworkView | None = None,
         view_size: Sequence[int] | None = None,
         angle_bins: int | None = None,
-        translator: Translator | None = None,
+        translator: TranslateFn | None = None,
         targets: dict | None = None,
         indices: Sequence[int] | None = None,
         cache: bool = True,
@@ -636,7 +638,7 @@ def make_policy_datasets(
     view: NetworkView | dict | None,
     view_size: Sequence[int],
     angle_bins: int,
-    translator: Translator | None = None,
+    translator: TranslateFn | None = None,
     targets: dict | None = None,
     val_fraction: float = 0.1,
     seed: int = 0,

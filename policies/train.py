@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from conf import policy_default
 from perception.atomic import atomic_write_text
 from perception.jsonio import write_json
-from policies.data import Translator, make_policy_datasets
+from policies.data import TranslateFn, make_policy_datasets
 from policies.module import GraspPolicyModule
 
 __all__ = ["train_policy", "policy_config", "main"]
@@ -106,7 +106,7 @@ def train_policy(
     cfg: DictConfig | dict,
     dataset_dirs: Sequence[str | Path],
     output_dir: str | Path,
-    translator: Translator | None = None,
+    translator: TranslateFn | None = None,
     ckpt_path: str | Path | None = None,
     export: bool = True,
     fast_dev_run: bool | int = False,
@@ -308,11 +308,11 @@ def geometry_export(pcfg: DictConfig | dict) -> dict | None:
             "info": {"name": str(pcfg.geometry), "digest": base_digest(pcfg.geometry)}}
 
 
-def load_translator(path: str | Path) -> Translator:
+def load_translator(path: str | Path) -> TranslateFn:
     """The sim->real generator at ``path`` as a data-loader translator."""
-    from adaptation.translate import Translator as _Translator
+    from adaptation.translate import Translator
 
-    return _Translator(str(path))
+    return Translator(str(path))
 
 
 @hydra.main(config_path="pkg://conf", config_name="train_policy", version_base="1.3")
