@@ -54,11 +54,11 @@ class SimDataError(ValueError):
 
 # --------------------------------------------------------------------------- preprocessing
 def open_sim_dataset(sim_dir: str | Path) -> Any:
-    """Open a render dataset (``sim_render.dataset.SimFrameDataset``) for rgb and seg."""
+    """Open a render dataset (``sim_render.reader.SimFrameDataset``) for rgb and seg."""
     root = Path(sim_dir)
     if not root.is_dir():
         raise SimDataError(f"sim dataset folder {root} does not exist; render one with sim2real-render output_dir=DIR")
-    from sim_render.dataset import SimFrameDataset
+    from sim_render.reader import SimFrameDataset
 
     return SimFrameDataset(root, fields=("rgb", "seg"), verify=False)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim_render.dataset import SEG_FIRST_OBJECT
+from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
     "N_SEG_CLASSES",

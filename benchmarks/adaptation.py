@@ -200,7 +200,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sim, real = render_data(out, args.sim_scenes, args.real_scenes, args.seed)
-    from sim_render.dataset import SimFrameDataset
+    from sim_render.reader import SimFrameDataset
 
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",

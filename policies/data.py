@@ -55,7 +55,7 @@ from perception.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_
 from perception.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
 from perception.preprocess import preprocess, to_network_input, view_maps
 from perception.rule import GRASP_DEPTH
-from sim_render.dataset import SEG_FIRST_OBJECT
+from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
     "augment_item",
@@ -614,7 +614,7 @@ def split_by_scene(frames: Any, val_fraction: float, seed: int = 0) -> tuple[np.
 
 def _frame_scenes(frames: Any) -> list[int]:
     """Scene index of every frame, from the shard metadata (no image decoding)."""
-    from sim_render.dataset import read_shard_meta
+    from sim_render.shard_io import read_shard_meta
 
     out: list[int] = []
     for entry in frames.manifest["shards"]:

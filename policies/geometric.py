@@ -36,7 +36,7 @@ from perception.geometry import (
 )
 from perception.grasp import angle_to_bin, normalize_angle
 from perception.rule import ABOVE_TIPS, GRASP_DEPTH, fitting_grasps
-from sim_render.dataset import SEG_FIRST_OBJECT
+from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
     "depth_points", "height_grid", "geometric_grasps", "geometric_view_labels", "splat_view_labels",

@@ -42,7 +42,7 @@ from perception.jsonio import write_json
 from perception.preprocess import preprocess, to_network_input
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
-from sim_render.dataset import SEG_FIRST_OBJECT
+from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = ["GeometryFrames", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
            "make_geometry_datasets", "train_geometry", "GEOMETRY_FORMAT"]

@@ -75,8 +75,8 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
     from perception.artifact import PolicyRunner
     from perception.decode import decode_grasp
     from policies.evaluate import OnnxPolicy
-    from sim_render.dataset import SimFrameDataset
     from sim_render.panel import save_png
+    from sim_render.reader import SimFrameDataset
 
     policy = OnnxPolicy(artifact, calib)
     runner = PolicyRunner(artifact, calib)

@@ -73,7 +73,7 @@ def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple
     The project's stand-in for real frames (contract section 4) is the ``target``
     profile rendered this way: unlabeled images at the calibration's ``image_size``.
     """
-    from sim_render.dataset import SimFrameDataset
+    from sim_render.reader import SimFrameDataset
 
     ds = SimFrameDataset(dataset_dir, fields=("rgb",))
     out = Path(out_dir)

@@ -69,8 +69,8 @@ def parse_shard_range(text: str | None, n_shards: int | None = None) -> tuple[in
 
 def render(cfg: DictConfig) -> dict:
     """Render the dataset ``cfg`` describes; returns the manifest (or the shard summary)."""
+    from sim_render.render_job import render_shards
     from sim_render.scene import SceneRenderer, render_size
-    from sim_render.shards import render_shards
 
     calib = load_calibration(cfg.calibration)
     out = Path(cfg.output_dir)

@@ -26,7 +26,7 @@ from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.grasp import Grasp
 from perception.rule import ABOVE_TIPS, GRASP_DEPTH, WIDTH_MARGIN  # the grasp rule's numbers, stated once
 from sim_render.cell import Cell
-from sim_render.dataset import SOURCE_HEURISTIC, SOURCE_PERTURBED, SOURCE_RANDOM
+from sim_render.format import SOURCE_HEURISTIC, SOURCE_PERTURBED, SOURCE_RANDOM
 from sim_render.gripper import FINGER_HALF, FloatingHand, GraspTiming
 
 __all__ = [
@@ -42,7 +42,7 @@ PROFILE_STEP = 0.003
 @dataclass
 class Candidate:
     grasp: Grasp
-    source: int  # SOURCE_HEURISTIC, SOURCE_RANDOM or SOURCE_PERTURBED (sim_render.dataset)
+    source: int  # SOURCE_HEURISTIC, SOURCE_RANDOM or SOURCE_PERTURBED (sim_render.format)
 
 
 @dataclass

@@ -35,7 +35,7 @@ def labelled_frame(item: dict, caption: str = "") -> np.ndarray:
 
 def dataset_panel(dataset_dirs: Sequence[str | Path], per_row: int = 4) -> np.ndarray:
     """One row per dataset (e.g. randomized, canonical, target) of labelled frames."""
-    from sim_render.dataset import SimFrameDataset
+    from sim_render.reader import SimFrameDataset
 
     rows = []
     for d in dataset_dirs:

@@ -1,7 +1,7 @@
 """The torch reader of rendered datasets (format: docs/dataset.md).
 
-Kept apart from :mod:`sim_render.dataset` so that render workers, which only write
-shards, never import torch. ``from sim_render.dataset import SimFrameDataset`` works too.
+Kept apart from the writer (:mod:`sim_render.shard_io`) so that render workers, which only
+write shards, never import torch; both read the format from :mod:`sim_render.format`.
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ import torch
 from torch.utils.data import Dataset
 
 from perception.calibration import Calibration
-from sim_render.dataset import (
-    _ALL_ARRAYS,
-    _IMAGE_ARRAYS,
+from sim_render.format import (
+    ALL_ARRAYS,
     FORMAT_VERSION,
+    IMAGE_ARRAYS,
     CorruptShardError,
     DatasetError,
     GraspLabels,
-    read_shard_meta,
-    verify_shard,
 )
+from sim_render.shard_io import read_shard_meta, verify_shard
 
 __all__ = ["SimFrameDataset", "collate_frames"]
 
@@ -43,8 +42,8 @@ class _Shard:
                 # Small arrays always; images only when asked for (decoding is the main cost).
                 self.arrays = {
                     name: npz[name]
-                    for name in _ALL_ARRAYS
-                    if name not in _IMAGE_ARRAYS or name in image_fields
+                    for name in ALL_ARRAYS
+                    if name not in IMAGE_ARRAYS or name in image_fields
                 }
         except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise CorruptShardError(
@@ -167,7 +166,7 @@ class SimFrameDataset(Dataset):
         meta = read_shard_meta(path)
         if meta["sha256"] != entry["sha256"]:
             raise CorruptShardError(entry["name"], "it changed after manifest.json was written")
-        shard = _Shard(path, meta, [f for f in self.fields if f in _IMAGE_ARRAYS])
+        shard = _Shard(path, meta, [f for f in self.fields if f in IMAGE_ARRAYS])
         self._cache[k] = shard
         while len(self._cache) > 1 and sum(s.nbytes for s in self._cache.values()) > self.cache_bytes:
             self._cache.popitem(last=False)
@@ -226,7 +225,7 @@ def collate_frames(batch: list[dict[str, Any]]) -> dict[str, Any]:
     if not batch:
         raise ValueError("collate_frames got an empty batch")
     out: dict[str, Any] = {}
-    for key in _IMAGE_ARRAYS:
+    for key in IMAGE_ARRAYS:
         if key in batch[0]:
             out[key] = torch.from_numpy(np.stack([b[key] for b in batch]))
     for key in ("index", "scene"):

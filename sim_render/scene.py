@@ -17,7 +17,7 @@ from perception.calibration import Calibration
 from perception.geometry import project_points
 from perception.grasp import normalize_angle
 from sim_render.cell import BIN_WALL_HEIGHT, BIN_WALL_THICKNESS, Cell
-from sim_render.dataset import (
+from sim_render.format import (
     SEG_BACKGROUND,
     SEG_BIN,
     SEG_DISTRACTOR,

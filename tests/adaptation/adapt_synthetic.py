@@ -124,7 +124,7 @@ def write_real_frames(out_dir: Path, n_frames: int = 8, seed: int = 1) -> Path:
 
 
 class SyntheticFrameDataset:
-    """The ``sim_render.dataset.SimFrameDataset`` interface over :func:`write_sim_dataset` output."""
+    """The ``sim_render.reader.SimFrameDataset`` interface over :func:`write_sim_dataset` output."""
 
     def __init__(self, root, fields=("rgb", "seg"), verify: bool = False) -> None:
         root = Path(root)

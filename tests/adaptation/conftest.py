@@ -72,15 +72,15 @@ def _adapt_data(tmp_path_factory) -> tuple[Path, Path, str]:
 
 @pytest.fixture
 def adapt_dirs(_adapt_data, monkeypatch) -> tuple[Path, Path]:
-    """``(sim_dir, real_dir)`` readable through ``sim_render.dataset.SimFrameDataset``."""
+    """``(sim_dir, real_dir)`` readable through ``sim_render.reader.SimFrameDataset``."""
     sim, real, kind = _adapt_data
     if kind == "synthetic":
         try:
-            import sim_render.dataset as mod
+            import sim_render.reader as mod
 
             monkeypatch.setattr(mod, "SimFrameDataset", synthetic.SyntheticFrameDataset)
         except ImportError:
-            fake = types.ModuleType("sim_render.dataset")
+            fake = types.ModuleType("sim_render.reader")
             fake.SimFrameDataset = synthetic.SyntheticFrameDataset
-            monkeypatch.setitem(sys.modules, "sim_render.dataset", fake)
+            monkeypatch.setitem(sys.modules, "sim_render.reader", fake)
     return sim, real

@@ -12,7 +12,7 @@ from perception.rule import OBJECT_HEIGHT
 from policies.data import table_view_surface
 from policies.geometry import GeometryFrames, geometry_losses, geometry_record
 from policies.networks import GeometryNet
-from sim_render.dataset import SEG_FIRST_OBJECT
+from sim_render.format import SEG_FIRST_OBJECT
 from sim_render.reader import SimFrameDataset
 
 

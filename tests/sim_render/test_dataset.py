@@ -12,24 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from synthetic_frames import SyntheticFrames
 from torch.utils.data import DataLoader
 
 from perception.calibration import Calibration, default_calibration_path
-from sim_render.dataset import (
+from sim_render.format import (
     FRAME_ARRAYS,
     GRASP_ARRAYS,
     CorruptShardError,
     DatasetError,
     FrameRecord,
     GraspLabels,
-    SimFrameDataset,
-    SyntheticFrames,
-    build_manifest,
-    collate_frames,
-    verify_shard,
-    write_shard,
 )
-from sim_render.shards import render_shards
+from sim_render.reader import SimFrameDataset, collate_frames
+from sim_render.render_job import render_shards
+from sim_render.shard_io import build_manifest, verify_shard, write_shard
 
 SIZE = (40, 30)
 NOMINAL = Calibration.load(default_calibration_path())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim_render.api import render_dataset
-from sim_render.dataset import SimFrameDataset
+from sim_render.reader import SimFrameDataset
 
 # Small and fast, but the real PyBullet cell, labeller and renderer.
 FAST = [
@@ -116,7 +116,7 @@ def test_a_refused_rerun_leaves_the_folder_config_alone(one_worker, tmp_path):
     """issue 12: config.yaml was written before the refusal, so it no longer matched the data."""
     import shutil
 
-    from sim_render.dataset import DatasetError
+    from sim_render.format import DatasetError
 
     d = tmp_path / "ds"
     shutil.copytree(one_worker, d)

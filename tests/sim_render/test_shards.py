@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from synthetic_frames import SyntheticFrames
 
 import perception.atomic
 from perception.calibration import Calibration, default_calibration_path
-from sim_render.dataset import CorruptShardError, DatasetError, FrameRecord, SyntheticFrames, verify_shard
-from sim_render.shards import OutputDirError, SceneRenderError, WorkerError, render_shards
+from sim_render.format import CorruptShardError, DatasetError, FrameRecord
+from sim_render.render_job import OutputDirError, SceneRenderError, WorkerError, render_shards
+from sim_render.shard_io import verify_shard
 
 SIZE = (32, 24)  # rendered (width, height): tiny, the tests are about files, not pixels
 NOMINAL = Calibration.load(default_calibration_path())
@@ -183,7 +185,7 @@ def test_corrupt_shard_is_named_and_rendered_again(
 
     log_dir = tmp_path / "log"
     log_dir.mkdir()
-    with caplog.at_level(logging.WARNING, logger="sim_render.shards"):
+    with caplog.at_level(logging.WARNING, logger="sim_render.render_job"):
         _render(out, make_frames=FakeFrames(log_dir))
     assert "shard-000001" in caplog.text
     assert _renders(log_dir) == [4, 5, 6, 7]

@@ -39,15 +39,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sim_render.dataset import (
-    FORMAT_VERSION,
-    CorruptShardError,
-    FrameRecord,
+from sim_render.format import FORMAT_VERSION, CorruptShardError, FrameRecord, shard_name, shard_scenes
+from sim_render.shard_io import (
     build_manifest,
     check_shard_belongs,
     read_shard_meta,
-    shard_name,
-    shard_scenes,
     to_jsonable,
     verify_shard,
     write_shard,

@@ -1,8 +1,8 @@
-"""The rendered dataset: shard format, shard writing/verification, manifest and torch reader.
+"""Writing and verifying a rendered dataset's shards, and its manifest.
 
-The on-disk format is described in ``docs/dataset.md``; :data:`FRAME_ARRAYS` and
-:data:`GRASP_ARRAYS` below are its single source of truth (names, dtypes, shapes), used
-by the writer, the verifier and the reader alike.
+The on-disk format is described in ``docs/dataset.md``; :mod:`sim_render.format` holds its
+single source of truth (names, dtypes, shapes), which this writer and verifier and the torch
+reader (:mod:`sim_render.reader`) import alike.
 
 Layout of a dataset folder ``OUT``::
 
@@ -26,330 +26,41 @@ import math
 import zipfile
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from perception import jsonio
 from perception.atomic import atomic_write_bytes, atomic_write_text
-from perception.calibration import Calibration
-from perception.geometry import project_points
-from perception.grasp import normalize_angle
+from sim_render.format import (
+    ALL_ARRAYS,
+    FORMAT_VERSION,
+    GRASP_ARRAYS,
+    CorruptShardError,
+    DatasetError,
+    FrameRecord,
+    GraspLabels,
+    shard_name,
+    shard_scenes,
+)
 
 __all__ = [
-    "FORMAT_VERSION",
-    "FRAME_ARRAYS",
-    "GRASP_ARRAYS",
-    "SOURCE_HEURISTIC",
-    "SOURCE_RANDOM",
-    "SEG_BACKGROUND",
-    "SEG_BIN",
-    "SEG_DISTRACTOR",
-    "SEG_FIRST_OBJECT",
-    "CorruptShardError",
-    "DatasetError",
-    "FrameRecord",
-    "GraspLabels",
-    "SyntheticFrames",
     "MANIFEST_KEYS",
     "build_manifest",
     "check_shard_belongs",
     "read_shard_meta",
-    "shard_name",
-    "shard_scenes",
     "to_jsonable",
     "verify_shard",
     "write_shard",
 ]
-
-#: Version of the on-disk format; bumped on any incompatible change.
-FORMAT_VERSION = 1
-
-#: ``grasp_source`` values.
-SOURCE_HEURISTIC = 0
-SOURCE_RANDOM = 1
-SOURCE_PERTURBED = 2
-
-#: ``seg`` labels: object ``i`` of a scene is ``SEG_FIRST_OBJECT + i``.
-SEG_BACKGROUND = 0
-SEG_BIN = 1
-SEG_DISTRACTOR = 2
-SEG_FIRST_OBJECT = 3
-
-#: Per-frame arrays of a shard: name -> (dtype, shape). ``F`` frames, ``H x W`` pixels.
-FRAME_ARRAYS: dict[str, tuple[np.dtype, tuple[int | str, ...]]] = {
-    "rgb": (np.dtype(np.uint8), ("F", "H", "W", 3)),
-    "depth": (np.dtype(np.float16), ("F", "H", "W")),
-    "seg": (np.dtype(np.uint8), ("F", "H", "W")),
-    "frame_scene": (np.dtype(np.int32), ("F",)),
-    "camera_K": (np.dtype(np.float64), ("F", 3, 3)),
-    "camera_dist": (np.dtype(np.float64), ("F", 5)),
-    "camera_T_base_camera": (np.dtype(np.float64), ("F", 4, 4)),
-}
-
-#: Per-grasp arrays of a shard: name -> (dtype, shape). ``G`` grasp rows.
-#: Every name but ``grasp_frame`` is ``"grasp_" + `` a :class:`GraspLabels` field.
-GRASP_ARRAYS: dict[str, tuple[np.dtype, tuple[int | str, ...]]] = {
-    "grasp_frame": (np.dtype(np.int32), ("G",)),
-    "grasp_position": (np.dtype(np.float32), ("G", 3)),
-    "grasp_yaw": (np.dtype(np.float32), ("G",)),
-    "grasp_width": (np.dtype(np.float32), ("G",)),
-    "grasp_success": (np.dtype(np.bool_), ("G",)),
-    "grasp_pixel": (np.dtype(np.float32), ("G", 2)),
-    "grasp_image_angle": (np.dtype(np.float32), ("G",)),
-    "grasp_image_width": (np.dtype(np.float32), ("G",)),
-    "grasp_object": (np.dtype(np.int16), ("G",)),
-    "grasp_source": (np.dtype(np.uint8), ("G",)),
-}
-
-_ALL_ARRAYS = {**FRAME_ARRAYS, **GRASP_ARRAYS}
-_IMAGE_ARRAYS = ("rgb", "depth", "seg")
 
 #: Zip settings of the ``.npz``: deflate level 1 keeps nearly all of level 6's ratio on
 #: rendered frames (rgb ~3x, depth and seg 30-50x) at a third of the time; the fixed
 #: timestamp makes the bytes (and the sha256) reproducible.
 _ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 _COMPRESSION = {"deflate": (zipfile.ZIP_DEFLATED, 1), "stored": (zipfile.ZIP_STORED, None)}
-
-
-class DatasetError(ValueError):
-    """A dataset folder is missing, incomplete, or holds data of another run.
-
-    A ``ValueError``: it is bad input (a wrong folder), reported like other config errors.
-    """
-
-
-class CorruptShardError(DatasetError):
-    """A shard is missing its metadata, truncated, altered or internally inconsistent.
-
-    Args:
-        name: the shard's name, e.g. ``"shard-000003"``.
-        reason: what is wrong with it.
-    """
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(name, reason)
-        self.name = name
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"shard {self.name} is corrupt: {self.reason}"
-
-
-# ----------------------------------------------------------------------------- records
-@dataclass
-class GraspLabels:
-    """Labelled grasps seen in one frame (``G`` rows); arrays are cast on construction.
-
-    Attributes:
-        position: ``(G, 3)`` float32, fingertip midpoint in the base frame, metres.
-        yaw: ``(G,)`` float32, base-frame yaw in ``(-pi/2, pi/2]``, radians.
-        width: ``(G,)`` float32, opening before closing, metres.
-        success: ``(G,)`` bool, the physics trial lifted an object.
-        pixel: ``(G, 2)`` float32, raw (distorted) ``(u, v)`` of ``position`` in the frame.
-        image_angle: ``(G,)`` float32, grasp angle in the raw image plane, radians.
-        image_width: ``(G,)`` float32, opening in raw pixels.
-        object: ``(G,)`` int16, index ``i`` of the targeted object (seg label ``3 + i``),
-            ``-1`` for none.
-        source: ``(G,)`` uint8, :data:`SOURCE_HEURISTIC` or :data:`SOURCE_RANDOM`.
-    """
-
-    position: np.ndarray
-    yaw: np.ndarray
-    width: np.ndarray
-    success: np.ndarray
-    pixel: np.ndarray
-    image_angle: np.ndarray
-    image_width: np.ndarray
-    object: np.ndarray
-    source: np.ndarray
-
-    def __post_init__(self) -> None:
-        n = None
-        for f in fields(self):
-            dtype, shape = GRASP_ARRAYS["grasp_" + f.name]
-            arr = np.asarray(getattr(self, f.name))
-            if arr.size == 0:
-                arr = arr.reshape((0, *shape[1:]))
-            arr = arr.astype(dtype, copy=False)
-            if arr.ndim != len(shape) or arr.shape[1:] != tuple(shape[1:]):
-                raise ValueError(f"GraspLabels.{f.name} has shape {arr.shape}, expected {shape}")
-            if n is None:
-                n = arr.shape[0]
-            elif arr.shape[0] != n:
-                raise ValueError(f"GraspLabels.{f.name} has {arr.shape[0]} rows, position has {n}")
-            setattr(self, f.name, arr)
-
-    def __len__(self) -> int:
-        return int(self.position.shape[0])
-
-    @classmethod
-    def empty(cls) -> GraspLabels:
-        """Labels with no grasp (a frame whose scene yielded no candidate)."""
-        return cls(**{f.name: np.zeros(0) for f in fields(cls)})
-
-    def as_dict(self) -> dict[str, np.ndarray]:
-        """The arrays keyed by field name (the reader's ``item["grasps"]``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass
-class FrameRecord:
-    """One rendered frame of one scene, with the grasps labelled for it.
-
-    Attributes:
-        rgb: ``(H, W, 3)`` uint8, the raw distorted frame as the camera delivers it.
-        depth: ``(H, W)`` metres along the camera ``z``; 0 where nothing was hit.
-            Stored as float16 (about 0.5 mm resolution at 1 m).
-        seg: ``(H, W)`` uint8 labels, see :data:`SEG_BACKGROUND` and friends.
-        camera: the camera actually used (jittered), at the rendered resolution.
-        params: the randomization parameters of this frame (JSON-serialisable; numpy
-            scalars and arrays are converted), enough to replay it.
-        grasps: the scene's grasps, projected into this frame.
-        scene: the scene index ``i`` (its randomness comes from ``SeedSequence([seed, i])``).
-    """
-
-    rgb: np.ndarray
-    depth: np.ndarray
-    seg: np.ndarray
-    camera: Calibration
-    params: dict
-    grasps: GraspLabels
-    scene: int
-
-
-# ----------------------------------------------------------------------------- synthetic
-class SyntheticFrames:
-    """A PyBullet-free stand-in renderer: cheap, valid, seeded frames for tests and smoke runs.
-
-    ``make_frames`` for :func:`sim_render.shards.render_shards` that follows the renderer
-    rules (scene ``i`` draws everything from ``SeedSequence([seed, i])``; picklable). A
-    scene is 1-5 coloured discs lying in the workspace, seen through the nominal camera
-    with jittered focal length: ``rgb``, ``seg`` (bin outline, objects ``3 + i``) and
-    ``depth`` (the table plane, discs 2 cm higher) agree with each other, and the grasp
-    labels (heuristic ones on the discs, random ones elsewhere, random outcomes) are
-    projected consistently, so training code can run end to end on a folder made in
-    milliseconds. The pictures are not physics: use the real renderer for anything else.
-
-    Args:
-        seed: the dataset seed.
-        calibration: the nominal calibration (object or dict).
-        image_size: rendered ``(width, height)``.
-        frames_per_scene: frames per scene.
-    """
-
-    def __init__(
-        self,
-        seed: int,
-        calibration: Calibration | dict,
-        image_size: tuple[int, int],
-        frames_per_scene: int = 2,
-    ) -> None:
-        self.seed = int(seed)
-        self.calibration = (
-            calibration if isinstance(calibration, Calibration) else Calibration.from_dict(calibration)
-        )
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-        self.frames_per_scene = int(frames_per_scene)
-
-    def __call__(self, scene: int) -> list[FrameRecord]:
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, int(scene)]))
-        nominal = self.calibration.scaled(self.image_size)
-        (x0, x1), (y0, y1), z = nominal.workspace_x, nominal.workspace_y, nominal.table_z
-        n_obj = int(rng.integers(1, 6))
-        centers = np.column_stack(
-            [
-                rng.uniform(x0 + 0.04, x1 - 0.04, n_obj),
-                rng.uniform(y0 + 0.04, y1 - 0.04, n_obj),
-                np.full(n_obj, z + 0.02),
-            ]
-        )
-        colors = rng.integers(40, 256, (n_obj, 3))
-        # The scene's grasps: 1-3 on each disc, 2 random ones (no object, never succeed).
-        per_obj = rng.integers(1, 4, n_obj)
-        obj = np.concatenate([np.repeat(np.arange(n_obj), per_obj), [-1, -1]])
-        pos = np.concatenate(
-            [
-                centers[obj[:-2]],
-                np.column_stack([rng.uniform(x0, x1, 2), rng.uniform(y0, y1, 2), [z + 0.01] * 2]),
-            ]
-        )
-        yaw = normalize_angle(rng.uniform(-np.pi, np.pi, len(obj)))
-        width = rng.uniform(0.03, 0.08, len(obj))
-        success = (obj >= 0) & (rng.random(len(obj)) < 0.5)
-        source = np.where(obj >= 0, SOURCE_HEURISTIC, SOURCE_RANDOM)
-
-        w, h = self.image_size
-        frames = []
-        for _ in range(self.frames_per_scene):
-            focal = float(rng.uniform(0.97, 1.03))
-            K = nominal.K.copy()
-            K[0, 0] *= focal
-            K[1, 1] *= focal
-            camera = nominal.replace(K=K)
-            # Depth of the table plane along each pixel's ray (camera z), then discs on top.
-            uu, vv = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
-            uv = np.column_stack([uu.ravel(), vv.ravel()]).reshape(-1, 1, 2)
-            xy = cv2.undistortPoints(uv, camera.K, camera.dist).reshape(-1, 2)
-            rays = np.column_stack([xy, np.ones(len(xy))])  # camera frame, unit z
-            R, c = camera.T_base_camera[:3, :3], camera.T_base_camera[:3, 3]
-            ray_z = rays @ R[2]
-            depth = np.where(ray_z < -1e-6, (z - c[2]) / np.minimum(ray_z, -1e-6), 0.0).reshape(h, w)
-            table_rgb = rng.integers(60, 200, 3)
-            rgb = np.clip(table_rgb + rng.normal(0, 4, (h, w, 3)), 0, 255).astype(np.uint8)
-            seg = np.full((h, w), SEG_BACKGROUND, np.uint8)
-            corners = project_points(nominal.workspace_corners(), camera).round().astype(np.int32)
-            cv2.polylines(seg, [corners], True, SEG_BIN, max(1, w // 160))
-            cam_centers = (centers - c) @ R  # base -> camera frame
-            for k, uv in enumerate(project_points(centers, camera)):
-                radius = max(1, int(round(K[0, 0] * 0.025 / cam_centers[k, 2])))
-                mask = np.zeros((h, w), np.uint8)
-                cv2.circle(mask, (int(round(uv[0])), int(round(uv[1]))), radius, 1, -1)
-                on = mask.astype(bool)
-                seg[on] = SEG_FIRST_OBJECT + k
-                rgb[on] = colors[k]
-                depth[on] = cam_centers[k, 2]
-            pixel = project_points(pos, camera)
-            half = 0.5 * width[:, None] * np.column_stack([np.cos(yaw), np.sin(yaw), np.zeros_like(yaw)])
-            tips = project_points(np.concatenate([pos - half, pos + half]), camera)
-            line = tips[len(pos) :] - tips[: len(pos)]
-            frames.append(
-                FrameRecord(
-                    rgb=rgb,
-                    depth=depth.astype(np.float32),
-                    seg=seg,
-                    camera=camera,
-                    params={
-                        "focal_scale": focal,
-                        "table_rgb": table_rgb,
-                        "centers": centers,
-                        "colors": colors,
-                    },
-                    grasps=GraspLabels(
-                        position=pos,
-                        yaw=yaw,
-                        width=width,
-                        success=success,
-                        pixel=pixel,
-                        image_angle=normalize_angle(np.arctan2(line[:, 1], line[:, 0])),
-                        image_width=np.linalg.norm(line, axis=1),
-                        object=obj,
-                        source=source,
-                    ),
-                    scene=int(scene),
-                )
-            )
-        return frames
-
-
-# ----------------------------------------------------------------------------- helpers
-def shard_name(index: int) -> str:
-    """``"shard-000042"`` for shard 42 (files ``shards/<name>.npz`` and ``.json``)."""
-    return f"shard-{int(index):06d}"
-
 
 def to_jsonable(value: Any) -> Any:
     """Plain JSON types for shard metadata: :func:`perception.jsonio.to_jsonable`, strict
@@ -399,7 +110,7 @@ def _sha256_file(path: Path) -> str:
 
 
 def _stack_frames(frames: Sequence[FrameRecord], image_size: tuple[int, int] | None) -> dict[str, np.ndarray]:
-    """Validate the records and assemble the shard's arrays (in :data:`_ALL_ARRAYS` order)."""
+    """Validate the records and assemble the shard's arrays (in :data:`ALL_ARRAYS` order)."""
     if frames:
         h, w = np.asarray(frames[0].rgb).shape[:2]
     elif image_size is not None:
@@ -424,7 +135,7 @@ def _stack_frames(frames: Sequence[FrameRecord], image_size: tuple[int, int] | N
     n_frames = len(frames)
 
     def stack(values: list[np.ndarray], name: str) -> np.ndarray:
-        dtype, shape = _ALL_ARRAYS[name]
+        dtype, shape = ALL_ARRAYS[name]
         if not values:
             dims = {"F": 0, "G": 0, "H": h, "W": w}
             return np.zeros([dims.get(d, d) for d in shape], dtype=dtype)
@@ -450,7 +161,7 @@ def _stack_frames(frames: Sequence[FrameRecord], image_size: tuple[int, int] | N
             if parts
             else np.zeros((0, *shape[1:]), dtype=dtype)
         )
-    return {name: out[name] for name in _ALL_ARRAYS}
+    return {name: out[name] for name in ALL_ARRAYS}
 
 
 # ----------------------------------------------------------------------------- writing
@@ -600,7 +311,7 @@ def verify_shard(path_npz: Path) -> None:
         dims = {"F": n_f, "G": n_g, "H": h, "W": w}
         with zipfile.ZipFile(path_npz) as zf:
             members = set(zf.namelist())
-            for arr_name, (dtype, shape) in _ALL_ARRAYS.items():
+            for arr_name, (dtype, shape) in ALL_ARRAYS.items():
                 if arr_name + ".npy" not in members:
                     raise CorruptShardError(name, f"array '{arr_name}' is missing")
                 got_shape, got_dtype = _npy_header(zf, arr_name + ".npy")
@@ -721,12 +432,6 @@ def build_manifest(out_dir: Path, expected: dict) -> dict:
     return json.loads(text)
 
 
-def shard_scenes(k: int, n_scenes: int, scenes_per_shard: int) -> tuple[int, int]:
-    """Half-open scene range ``[a, b)`` of shard ``k``."""
-    a = k * scenes_per_shard
-    return a, min(a + scenes_per_shard, n_scenes)
-
-
 def check_shard_belongs(meta: dict, expected: dict, k: int) -> None:
     """Raise :class:`DatasetError` when shard ``k`` was rendered by another run.
 
@@ -739,14 +444,3 @@ def check_shard_belongs(meta: dict, expected: dict, k: int) -> None:
                 f"{shard_name(k)} was rendered with {key}={meta[key]!r}, this run has {expected[key]!r}: "
                 "the output folder holds another dataset; choose a new output_dir or delete it"
             )
-
-
-
-
-def __getattr__(name: str) -> Any:
-    # The torch reader lives in sim_render.reader, so render workers never import torch.
-    if name in ("SimFrameDataset", "collate_frames"):
-        from sim_render import reader
-
-        return getattr(reader, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
