@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perception.calibration import Calibration  # noqa: E402
-from policies.evaluate import OnnxPolicy, evaluate, load_profile, newcombe_interval, wilson_interval  # noqa: E402
+from policies.eval_adapters import OnnxPolicy  # noqa: E402
+from policies.evaluate import evaluate, load_profile, newcombe_interval, wilson_interval  # noqa: E402
 
 FAMILIES = ("spectral", "dead_leaves", "cells", "speckle", "strokes")
 

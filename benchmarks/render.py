@@ -54,8 +54,8 @@ def bench_frames(n: int) -> dict:
     cfg = render_config(tempfile.mkdtemp(), 1).render
     sr = SceneRenderer(calib, cfg, seed=0)
     sr.build_scene(0)
-    st = sr._setup()
-    client, bodies = st["cell"].client, st["cell"].bodies
+    st = sr.world()
+    client, bodies = st.cell.client, st.cell.bodies
     cam = square_camera(calib)
     plain = dict(as_plain(cfg))
     plain["resolution_scale"] = 1.0
@@ -101,8 +101,8 @@ def bench_new_randomization(n: int, rounds: int = 10) -> dict:
     cfg = render_config(tempfile.mkdtemp(), 1).render
     sr = SceneRenderer(calib, cfg, seed=0)
     sr.build_scene(1)
-    st = sr._setup()
-    client, bodies = st["cell"].client, st["cell"].bodies
+    st = sr.world()
+    client, bodies = st.cell.client, st.cell.bodies
     on = dict(as_plain(cfg))
     off = _without_new_randomization(on)
     no_cast = _without_cast_shadows(on)
@@ -206,10 +206,10 @@ def bench_agreement(n_scenes: int) -> dict:
             if not results:
                 labels = sr.label_scene(rngs, params["physics"])
                 cands = labels
-            st = sr._setup()
-            out = label_grasps(st["cell"], st["hand"], [type("C", (), {"grasp": lg.grasp, "source": lg.source})()
+            st = sr.world()
+            out = label_grasps(st.cell, st.hand, [type("C", (), {"grasp": lg.grasp, "source": lg.source})()
                                                         for lg in cands], float(params["physics"]["gripper_force"]),
-                               st["timing"])
+                               st.timing)
             results.append([lg.success for lg in out])
             sr.close()
         f, sl = np.array(results[0]), np.array(results[1])

@@ -22,11 +22,13 @@ Protocol (one call of :func:`evaluate` = one domain):
 - Results: attempts, successes, success rate (successes / attempts) with a Wilson 95%
   interval, clearance (objects lifted / objects), "no grasp" answers.
 
-Policies: :class:`OnnxPolicy` (the artifact, exactly as the service runs it: ``PolicyRunner``
-+ :func:`perception.decode.decode_grasp`), :class:`TorchPolicy` (a network in memory, same
-decode), and the brackets :class:`OraclePolicy` (the labeller's candidates executed from the
-saved state; the best physics-verified one) and :class:`RandomPolicy`, which ignore pixels
-and are run once.
+This module is the protocol and ``sim2real-eval``. The policies it runs:
+:mod:`policies.eval_adapters` (the artifact, exactly as the service runs it, and a network in
+memory) and :mod:`policies.eval_brackets` (the reference policies that look at the simulator:
+the oracle, its pixel version, random, the rule on the observed depth). It never drives
+PyBullet itself: the twin's episode operations (render a frame, remove an object, what lies
+under a grasp, strays) are :class:`sim_render.scene.SceneRenderer`'s and
+:class:`sim_render.cell.Cell`'s.
 """
 
 from __future__ import annotations
@@ -36,33 +38,32 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from perception.calibration import Calibration
-from perception.decode import DecodedGrasp, decode_grasp
-from perception.geometry import NetworkView, project_points
-from perception.grasp import Grasp
+from perception.decode import DecodedGrasp
 from perception.jsonio import write_json
+from policies.eval_adapters import EvalPolicy, OnnxPolicy
+from policies.eval_brackets import (
+    EvalContext,
+    ObservedRulePolicy,
+    OraclePixelPolicy,
+    OraclePolicy,
+    RandomPolicy,
+)
 
 __all__ = [
     "EVAL_SEED_BASE",
-    "EvalContext",
-    "EvalPolicy",
-    "OnnxPolicy",
-    "TorchPolicy",
-    "OraclePolicy",
-    "OraclePixelPolicy",
-    "RandomPolicy",
-    "ObservedRulePolicy",
     "evaluate",
     "evaluate_domains",
+    "evaluate_empty_bin",
     "load_profile",
+    "newcombe_interval",
     "wilson_interval",
     "main",
 ]
@@ -100,323 +101,6 @@ def newcombe_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float,
     return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
 
-# ----------------------------------------------------------------------------- policies
-@dataclass
-class EvalContext:
-    """What the evaluator exposes to bracket policies (which look at the simulator, not pixels)."""
-
-    cell: Any
-    hand: Any
-    calib: Calibration
-    cfg: DictConfig
-    timing: Any
-    force: float
-    rng: np.random.Generator
-    camera: Calibration | None = None  # the actual (jittered) camera of this attempt's frame
-    view: NetworkView | None = None  # the policy's view, for OraclePixelPolicy
-    frame: Any = None  # the attempt's rendered frame (RGB, depth, segmentation), for ObservedRulePolicy
-
-
-class EvalPolicy(Protocol):
-    """A policy under evaluation: ``policy(raw_rgb) -> DecodedGrasp``.
-
-    ``uses_pixels = False`` lets the evaluator skip rendering (the policy is then called
-    with ``None``); ``bind(ctx)``, when present, is called before every attempt;
-    ``takes_calibration = True`` means ``policy(raw_rgb, calibration=...)`` accepts the
-    calibration of the camera that took the frame.
-    """
-
-    name: str
-    uses_pixels: bool
-
-    def __call__(self, raw_rgb: np.ndarray | None) -> DecodedGrasp: ...
-
-
-def _decoded(grasp: Grasp, calib: Calibration) -> DecodedGrasp:
-    px = project_points(np.asarray([grasp.position]), calib)[0]
-    return DecodedGrasp(grasp=grasp, view_pixel=None, pixel=(float(px[0]), float(px[1])), reason=None)
-
-
-class OnnxPolicy:
-    """The exported artifact, run exactly as the service runs it.
-
-    Args:
-        artifact_dir: the artifact folder.
-        calibration: the serving calibration (``None``: the artifact's own).
-        threshold: quality threshold (``None``: the artifact's ``quality_threshold``).
-        workspace_margin: metres the workspace is shrunk by in the decode.
-        intra_op_num_threads: onnxruntime threads.
-    """
-
-    uses_pixels = True
-    takes_calibration = True
-
-    def __init__(
-        self,
-        artifact_dir: str | Path,
-        calibration: Calibration | str | Path | None = None,
-        threshold: float | None = None,
-        workspace_margin: float = 0.0,
-        intra_op_num_threads: int | None = None,
-        precision: str = "auto",
-    ) -> None:
-        from perception.artifact import PolicyRunner
-
-        self.runner = PolicyRunner(artifact_dir, calibration, intra_op_num_threads=intra_op_num_threads,
-                                   precision=precision)
-        self.threshold = float(self.runner.meta.quality_threshold if threshold is None else threshold)
-        self.workspace_margin = float(workspace_margin)
-        self.name = f"onnx:{Path(artifact_dir).name}"
-
-    @property
-    def calibration(self) -> Calibration:
-        return self.runner.calib
-
-    @property
-    def view(self) -> NetworkView:
-        return self.runner.view
-
-    @property
-    def angle_bins(self) -> int:
-        return self.runner.meta.angle_bins
-
-    def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
-        """Grasp for one raw frame; ``calibration`` overrides the serving one for this frame."""
-        calib = self.runner.calib if calibration is None else calibration
-        maps = self.runner.infer(raw_rgb, calibration=calibration)
-        return decode_grasp(
-            maps.quality, maps.width, maps.height, calib, self.runner.view, self.threshold,
-            workspace_margin=self.workspace_margin, surface=maps.surface, **self.runner.meta.decode,
-        )
-
-
-class TorchPolicy:
-    """A :class:`~policies.networks.GraspNet` (or a module holding one) in memory.
-
-    Args:
-        module: the network or :class:`~policies.module.GraspPolicyModule`.
-        view, calibration: the network view and nominal calibration; taken from the
-            module's hyperparameters when ``None``.
-        threshold: quality threshold.
-        device: torch device.
-    """
-
-    uses_pixels = True
-    takes_calibration = True
-
-    def __init__(
-        self,
-        module: Any,
-        view: NetworkView | None = None,
-        calibration: Calibration | None = None,
-        threshold: float = 0.5,
-        workspace_margin: float = 0.0,
-        device: str = "cpu",
-    ) -> None:
-        import torch
-
-        from policies.networks import ExportWrapper
-
-        hp = getattr(module, "hparams", {}) or {}
-        if view is None:
-            if not hp.get("view"):
-                raise ValueError("TorchPolicy needs a view (the module has none in its hyperparameters)")
-            view = NetworkView.from_dict(hp["view"])
-        if calibration is None:
-            if not hp.get("calibration"):
-                raise ValueError("TorchPolicy needs a calibration (the module has none in its hyperparameters)")
-            calibration = Calibration.from_dict(hp["calibration"], check_view=False)
-        self.net = getattr(module, "net", module).to(device).eval()
-        self.view, self.calibration = view, calibration
-        self.angle_bins = int(self.net.angle_bins)
-        self.threshold = float(threshold)
-        self.workspace_margin = float(workspace_margin)
-        # The decode options and the exported graph's forward (with its test-time mirror
-        # average when configured) the policy was trained with, as its artifact carries them.
-        pcfg = (hp.get("config") or {}).get("policy", {})
-        self.decode = dict(pcfg.get("decode") or {})
-        self.graph = ExportWrapper(self.net, bool(pcfg.get("flip_average", False))).to(device).eval()
-        self.device = device
-        self._torch = torch
-        self.name = "torch"
-
-    def maps(
-        self, raw_rgb: np.ndarray, calibration: Calibration | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``quality (A, H, W)``, ``width (H, W)``, ``height (H, W)``, ``surface (H, W)`` of one raw frame."""
-        from perception.preprocess import preprocess, to_network_input
-
-        torch = self._torch
-        calib = self.calibration if calibration is None else calibration
-        x = torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, self.view))).to(self.device)
-        with torch.no_grad():
-            q, w, h, s = self.graph(x)
-        return q[0].cpu().numpy(), w[0, 0].cpu().numpy(), h[0, 0].cpu().numpy(), s[0, 0].cpu().numpy()
-
-    def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
-        """Grasp for one raw frame; ``calibration`` overrides the policy's for this frame."""
-        calib = self.calibration if calibration is None else calibration
-        q, w, h, s = self.maps(raw_rgb, calib)
-        return decode_grasp(q, w, h, calib, self.view, self.threshold, workspace_margin=self.workspace_margin,
-                            surface=s, **self.decode)
-
-
-class OraclePolicy:
-    """The labeller's best physics-verified candidate (upper bracket; ignores pixels).
-
-    Every attempt generates the labeller's candidates (``n_heuristic`` + ``n_random`` of the
-    profile's ``grasps`` section) on the current scene, executes each from the saved physics
-    state (restored after each) and returns a successful one, heuristic candidates first;
-    "no grasp" when none succeeded.
-    """
-
-    name = "oracle"
-    uses_pixels = False
-
-    def __init__(self, n_heuristic: int | None = None, n_random: int | None = None) -> None:
-        self.n_heuristic, self.n_random = n_heuristic, n_random
-        self.ctx: EvalContext | None = None
-
-    def bind(self, ctx: EvalContext) -> None:
-        self.ctx = ctx
-
-    def __call__(self, raw_rgb: np.ndarray | None = None) -> DecodedGrasp:
-        from sim_render.labels import heuristic_candidates, label_grasps, random_candidates
-
-        ctx = self.ctx
-        if ctx is None:
-            raise RuntimeError("OraclePolicy must be bound to the evaluation (bind(ctx)) before use")
-        g = ctx.cfg.grasps
-        nh = int(g.n_heuristic if self.n_heuristic is None else self.n_heuristic)
-        nr = int(g.n_random if self.n_random is None else self.n_random)
-        hmap = ctx.cell.height_map()
-        cands = heuristic_candidates(ctx.cell, hmap, nh, ctx.rng) + random_candidates(ctx.cell, hmap, nr, ctx.rng)
-        labelled = label_grasps(ctx.cell, ctx.hand, cands, ctx.force, ctx.timing)
-        good = sorted((lg for lg in labelled if lg.success), key=lambda lg: lg.source)
-        if not good:
-            return DecodedGrasp(None, None, None, f"none of {len(labelled)} labeller candidates succeeded")
-        return _decoded(good[0].grasp, ctx.calib)
-
-
-class OraclePixelPolicy(OraclePolicy):
-    """The oracle's grasp as a perfect *pixel* policy would output it (a diagnostic bracket).
-
-    The oracle's grasp is projected into the frame through the camera that actually rendered
-    it (centre and fingertips), mapped into the network view with the calibration the policy
-    is given (the nominal one, or the frame's own with ``camera_calibration="actual"``),
-    snapped to the view's pixel grid and angle bins, and back-projected through that
-    calibration at the grasp's true height: exactly what a policy that never errs on the
-    image would execute. Its rate is the ceiling that calibration error (the profile's
-    camera jitter, in ``"nominal"`` mode) and the map's discretisation leave.
-
-    Args:
-        view: the policy's network view (``network_view(calib, size)``).
-        angle_bins: the policy's angle bins.
-    """
-
-    name = "oracle_pixels"
-    uses_pixels = True
-    takes_calibration = True
-
-    def __init__(self, view: NetworkView, angle_bins: int = 12, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.view, self.angle_bins = view, int(angle_bins)
-
-    def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
-        from perception.geometry import raw_to_view_pixels
-        from perception.grasp import angle_bin_centers, angle_to_bin, view_grasp_to_base
-
-        dec = super().__call__(raw_rgb)
-        ctx = self.ctx
-        if dec.grasp is None or ctx is None or ctx.camera is None or raw_rgb is None:
-            return dec
-        g = dec.grasp
-        pts = np.concatenate([np.asarray([g.position]), g.fingertips()])
-        raw = project_points(pts, ctx.camera)  # the camera that took the frame (its size)
-        calib = ctx.calib if calibration is None else calibration  # what the policy is told
-        # A table view's pixel is where the ray meets the grasp's own height (what a perfect
-        # policy's pixel + height amounts to); a camera view ignores the height.
-        uv = raw_to_view_pixels(raw, calib.scaled((raw_rgb.shape[1], raw_rgb.shape[0])), self.view,
-                                np.full(len(raw), g.position[2]))
-        line = uv[2] - uv[1]
-        a = angle_bin_centers(self.angle_bins)[angle_to_bin(np.arctan2(line[1], line[0]), self.angle_bins)]
-        centre = np.rint(uv[:1])
-        pos, yaw, _ = view_grasp_to_base(centre, np.array([a]), np.array([10.0]), np.array([g.position[2]]),
-                                         calib, self.view)
-        grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=g.width, quality=1.0)
-        out = _decoded(grasp, calib)
-        return DecodedGrasp(out.grasp, (float(centre[0, 0]), float(centre[0, 1])), out.pixel, None)
-
-
-class RandomPolicy:
-    """Uniform position and yaw in the workspace at the local surface height minus the
-    labeller's grasp depth, opening 0.08 m (the labeller's random candidates; lower bracket)."""
-
-    name = "random"
-    uses_pixels = False
-
-    def __init__(self) -> None:
-        self.ctx: EvalContext | None = None
-
-    def bind(self, ctx: EvalContext) -> None:
-        self.ctx = ctx
-
-    def __call__(self, raw_rgb: np.ndarray | None = None) -> DecodedGrasp:
-        from sim_render.labels import random_candidates
-
-        ctx = self.ctx
-        if ctx is None:
-            raise RuntimeError("RandomPolicy must be bound to the evaluation (bind(ctx)) before use")
-        cand = random_candidates(ctx.cell, ctx.cell.height_map(), 1, ctx.rng)[0]
-        return _decoded(cand.grasp, ctx.calib)
-
-
-class ObservedRulePolicy:
-    """The grasp rule on the surface the camera actually saw (a diagnostic bracket).
-
-    The attempt's rendered depth is rebuilt top-down into a table view
-    (:func:`policies.data.table_view_surface`: exactly what the policy's ``surface`` output is
-    trained towards, unseen cells as free) and decoded with the rule of
-    :mod:`perception.rule` alone (a flat quality map, ``quality_power`` 0), through the
-    calibration the policy would be given. Its rate is what the rule decode reaches with a
-    perfect surface prediction: the ceiling of geometry without learned quality.
-
-    Args:
-        view: a top-down view (the policy's, or ``table_view(calib, (96, 96))``).
-        angle_bins: angle bins of the decode.
-        rule: :data:`perception.rule.DEFAULT_RULE` overrides.
-    """
-
-    name = "rule_observed"
-    uses_pixels = True
-    takes_calibration = True
-
-    def __init__(self, view: NetworkView, angle_bins: int = 12, rule: dict | None = None) -> None:
-        if not view.is_table:
-            raise ValueError("the rule_observed bracket needs a top-down view (kind 'table')")
-        self.view, self.angle_bins = view, int(angle_bins)
-        self.rule = {**(rule or {}), "quality_power": 0.0}
-        self.ctx: EvalContext | None = None
-
-    def bind(self, ctx: EvalContext) -> None:
-        self.ctx = ctx
-
-    def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
-        from policies.data import table_view_surface
-
-        ctx = self.ctx
-        if ctx is None or ctx.frame is None:
-            raise RuntimeError("ObservedRulePolicy must be bound to an evaluation that renders frames")
-        calib = ctx.calib if calibration is None else calibration
-        f = ctx.frame
-        surface_z, _, _ = table_view_surface(np.asarray(f.depth), np.asarray(f.seg_raw), f.camera, self.view)
-        surface = np.where(np.isfinite(surface_z), surface_z - calib.table_z, 0.0).astype(np.float32)
-        W, H = self.view.size
-        flat = np.ones((self.angle_bins, H, W), np.float32)
-        zeros = np.zeros((H, W), np.float32)
-        return decode_grasp(flat, zeros, zeros, calib, self.view, 1e-6, surface=surface, rule=self.rule)
-
-
 # ----------------------------------------------------------------------------- profiles
 def load_profile(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The render profile ``conf/render/<name>.yaml``, composed (``render.<key>=...`` overrides)."""
@@ -442,39 +126,6 @@ def _eval_profile(profile: DictConfig | dict, render_scale: float | None) -> Dic
 
 
 # ----------------------------------------------------------------------------- the loop
-def _remove_object(cell: Any, k: int) -> None:
-    body = cell.bodies.objects.pop(k)
-    cell.bodies.object_urdfs.pop(k)
-    cell.client.removeBody(body)
-
-
-def _blame(cell: Any, grasp: Grasp) -> int | None:
-    """Body id of the object a grasp was aimed at (see the module docstring), or None."""
-    x, y, _ = grasp.position
-    tz = cell.calib.table_z
-    hit = cell.client.rayTest([x, y, tz + 0.5], [x, y, tz - 0.01])[0]
-    if hit[0] in cell.bodies.objects:
-        return int(hit[0])
-    best, best_d = None, BLAME_RADIUS
-    for body in cell.bodies.objects:
-        (bx, by, _), _ = cell.client.getBasePositionAndOrientation(body)
-        d = math.hypot(bx - x, by - y)
-        if d < best_d:
-            best, best_d = body, d
-    return best
-
-
-def _drop_strays(cell: Any) -> int:
-    """Remove objects that left the workspace (or fell through); returns how many."""
-    n = 0
-    for k in reversed(range(len(cell.bodies.objects))):
-        (x, y, z), _ = cell.client.getBasePositionAndOrientation(cell.bodies.objects[k])
-        if not cell.calib.in_workspace(x, y) or z < cell.calib.table_z - 0.02:
-            _remove_object(cell, k)
-            n += 1
-    return n
-
-
 def evaluate(
     policy: EvalPolicy | Callable[[np.ndarray | None], DecodedGrasp],
     domain_profile_cfg: DictConfig | dict | str,
@@ -517,7 +168,6 @@ def evaluate(
         ``given_up``, ``strays`` (objects that left the workspace), ``seed``, ``render_size``,
         ``time_s``, ``truncated``, ``reasons`` (counts of "no grasp" reasons), ``episodes_detail``.
     """
-    from sim_render.randomization import render_randomized
     from sim_render.scene import SceneRenderer, render_size
 
     if camera_calibration not in ("actual", "nominal"):
@@ -536,8 +186,8 @@ def evaluate(
     episodes = []
     truncated = False
     try:
-        st = renderer._setup()
-        cell, hand = st["cell"], st["hand"]
+        world = renderer.world()
+        cell, hand = world.cell, world.hand
         for e in range(episode_offset, episode_offset + int(n_episodes)):
             if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
                 truncated = True
@@ -548,18 +198,18 @@ def evaluate(
             failed: dict[int, int] = {b: 0 for b in cell.bodies.objects}
             ep = {"episode": e, "objects": n0, "attempts": 0, "successes": 0, "cleared": 0, "outcomes": []}
             ep_rng = rngs["grasps"]
-            strays0 = _drop_strays(cell)
+            strays0 = cell.remove_strays()
             ep["strays"] = strays0
             while cell.bodies.objects and ep["attempts"] < max_attempts_per_object * n0:
                 rgb, camera = None, None
                 if uses_pixels:
-                    frame = render_randomized(cell.client, cell.bodies, st["calib"], rngs["visuals"], cfg)
+                    frame = renderer.render_frame(rngs["visuals"])
                     rgb, camera = frame.rgb, frame.camera
                 if hasattr(policy, "bind"):
-                    policy.bind(EvalContext(cell, hand, st["calib"], cfg, st["timing"], force, ep_rng, camera,
+                    policy.bind(EvalContext(cell, hand, world.calib, cfg, world.timing, force, ep_rng, camera,
                                             frame=frame if uses_pixels else None))
                 if camera is not None and camera_calibration == "actual" and getattr(policy, "takes_calibration", False):
-                    dec = policy(rgb, calibration=camera.scaled(tuple(st["calib"].image_size)))
+                    dec = policy(rgb, calibration=camera.scaled(tuple(world.calib.image_size)))
                 else:
                     dec = policy(rgb)
                 if dec.grasp is None:
@@ -572,11 +222,11 @@ def evaluate(
                     ep["attempts"] += 1
                     continue
                 ep["attempts"] += 1
-                target = _blame(cell, dec.grasp)
-                out = hand.execute(dec.grasp, force, st["timing"])
+                target = cell.object_under(dec.grasp.position[0], dec.grasp.position[1], BLAME_RADIUS)
+                out = hand.execute(dec.grasp, force, world.timing)
                 rec = {"grasp": dec.grasp.to_dict(), "success": bool(out.success)}
                 if out.success and 0 <= out.lifted_object < len(cell.bodies.objects):
-                    _remove_object(cell, out.lifted_object)
+                    cell.remove_object(out.lifted_object)
                     ep["successes"] += 1
                     ep["cleared"] += 1
                 else:
@@ -584,10 +234,10 @@ def evaluate(
                     if target is not None and target in cell.bodies.objects:
                         failed[target] = failed.get(target, 0) + 1
                         if failed[target] >= max_attempts_per_object:
-                            _remove_object(cell, cell.bodies.objects.index(target))
+                            cell.remove_object(cell.bodies.objects.index(target))
                             totals["given_up"] += 1
                 cell.settle(int(cfg.physics.settle_steps) // 2)
-                ep["strays"] += _drop_strays(cell)
+                ep["strays"] += cell.remove_strays()
                 ep["outcomes"].append(rec)
             totals["objects"] += n0
             totals["attempts"] += ep["attempts"]
@@ -642,7 +292,6 @@ def evaluate_empty_bin(
         ``domain``, ``frames``, ``null``, ``rate`` (null answers / frames), ``rate_ci95``,
         ``qualities`` (of the grasps answered), ``time_s``.
     """
-    from sim_render.randomization import render_randomized
     from sim_render.scene import SceneRenderer
 
     if isinstance(domain_profile_cfg, str):
@@ -653,12 +302,12 @@ def evaluate_empty_bin(
     t0 = time.perf_counter()
     nulls, qualities = 0, []
     try:
-        st = renderer._setup()
+        calib_size = tuple(renderer.world().calib.image_size)
         for i in range(int(n_frames)):
             rngs, _ = renderer.build_scene(i)
-            frame = render_randomized(st["cell"].client, st["cell"].bodies, st["calib"], rngs["visuals"], cfg)
+            frame = renderer.render_frame(rngs["visuals"])
             if getattr(policy, "takes_calibration", False):
-                dec = policy(frame.rgb, calibration=frame.camera.scaled(tuple(st["calib"].image_size)))
+                dec = policy(frame.rgb, calibration=frame.camera.scaled(calib_size))
             else:
                 dec = policy(frame.rgb)
             if dec.grasp is None:

@@ -271,7 +271,8 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     artifact = replace_tree(served, out / "artifact")
 
     # -- evaluation in the twin: every domain, plus the brackets.
-    from policies.evaluate import OnnxPolicy, evaluate_domains
+    from policies.eval_adapters import OnnxPolicy
+    from policies.evaluate import evaluate_domains
 
     e_cfg = to_plain(budget.eval)
     e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": calib.digest(), "seed": seed}

@@ -74,7 +74,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
     from adaptation.images import list_real_frames, read_rgb
     from perception.artifact import PolicyRunner
     from perception.decode import decode_grasp
-    from policies.evaluate import OnnxPolicy
+    from policies.eval_adapters import OnnxPolicy
     from sim_render.panel import save_png
     from sim_render.reader import SimFrameDataset
 

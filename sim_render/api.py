@@ -120,7 +120,7 @@ def render_cell_frames(
     try:
         for scene in range(n):
             rngs, _params = renderer.build_scene(scene)
-            cell = renderer._setup()["cell"]
+            cell = renderer.world().cell
             frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], cfg)
             write_image(out / f"{scene:03d}.png", frame.rgb)
     finally:

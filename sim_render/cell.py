@@ -10,6 +10,7 @@ floating parallel-jaw hand (:mod:`sim_render.gripper`). It runs in ``DIRECT`` mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +116,38 @@ class Cell:
         for body in self.bodies.objects:
             self.client.removeBody(body)
         self.bodies.objects, self.bodies.object_urdfs = [], []
+
+    def remove_object(self, k: int) -> None:
+        """Take object ``k`` (its index in ``bodies.objects``) out of the scene: lifted, given up."""
+        body = self.bodies.objects.pop(k)
+        self.bodies.object_urdfs.pop(k)
+        self.client.removeBody(body)
+
+    def object_under(self, x: float, y: float, radius: float) -> int | None:
+        """The object a grasp at base ``(x, y)`` was aimed at: the first object a vertical ray
+        there hits, else the nearest object centre within ``radius`` metres; its body id, or
+        ``None``."""
+        tz = self.calib.table_z
+        hit = self.client.rayTest([x, y, tz + 0.5], [x, y, tz - 0.01])[0]
+        if hit[0] in self.bodies.objects:
+            return int(hit[0])
+        best, best_d = None, float(radius)
+        for body in self.bodies.objects:
+            (bx, by, _), _ = self.client.getBasePositionAndOrientation(body)
+            d = math.hypot(bx - x, by - y)
+            if d < best_d:
+                best, best_d = body, d
+        return best
+
+    def remove_strays(self) -> int:
+        """Remove the objects that left the workspace or fell through the table; how many."""
+        n = 0
+        for k in reversed(range(len(self.bodies.objects))):
+            (x, y, z), _ = self.client.getBasePositionAndOrientation(self.bodies.objects[k])
+            if not self.calib.in_workspace(x, y) or z < self.calib.table_z - 0.02:
+                self.remove_object(k)
+                n += 1
+        return n
 
     def apply_physics(self, physics: dict) -> None:
         """Apply drawn physical parameters (see ``sample_physics``) to table and objects."""

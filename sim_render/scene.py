@@ -8,7 +8,8 @@ depends on how many workers or jobs made it, and a sample can be replayed.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -36,7 +37,11 @@ from sim_render.labels import (
 from sim_render.objects import object_urdfs
 from sim_render.sensor import draw_range
 
-__all__ = ["SceneRenderer", "render_size", "scene_streams", "project_labels"]
+if TYPE_CHECKING:
+    from sim_render.randomization import RenderedFrame
+
+__all__ = ["SceneRenderer", "SceneWorld", "render_size", "scene_streams", "project_labels"]
+
 #: Streams spawned from a scene's SeedSequence, in this order.
 _STREAMS = ("objects", "physics", "grasps", "visuals")
 # Third words of the SeedSequences that decide whether a scene is an empty bin, and its walls.
@@ -69,6 +74,20 @@ def project_labels(
     return c, normalize_angle(np.arctan2(line[:, 1], line[:, 0])), np.linalg.norm(line, axis=1)
 
 
+@dataclass
+class SceneWorld:
+    """The set-up twin of a :class:`SceneRenderer`: its cell, hand and profile."""
+
+    calib: Calibration  # the nominal camera and cell
+    cfg: DictConfig  # the render profile
+    cfg_plain: dict  # the same as plain containers (what the per-frame draws read)
+    cell: Cell
+    hand: FloatingHand
+    urdfs: list[str]  # the object split's URDF files
+    timing: GraspTiming
+    size: tuple[int, int]  # rendered raw frame size (W, H)
+
+
 class SceneRenderer:
     """Picklable per-worker renderer; the PyBullet client is created lazily.
 
@@ -84,7 +103,7 @@ class SceneRenderer:
             OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         )
         self.seed = int(seed)
-        self._state: dict[str, Any] | None = None
+        self._state: SceneWorld | None = None
 
     def __getstate__(self) -> dict:
         return {"calib_dict": self.calib_dict, "cfg_dict": self.cfg_dict, "seed": self.seed, "_state": None}
@@ -94,7 +113,8 @@ class SceneRenderer:
     def cfg(self) -> DictConfig:
         return OmegaConf.create(self.cfg_dict)
 
-    def _setup(self) -> dict[str, Any]:
+    def world(self) -> SceneWorld:
+        """The twin this renderer draws in (made on first use, kept across scenes)."""
         if self._state is None:
             calib = Calibration.from_dict(self.calib_dict)
             cfg = self.cfg
@@ -107,21 +127,29 @@ class SceneRenderer:
             # EGL only sees bodies created after its plugin loads; every scene resets the world.
             setup_renderer(cell.client, cfg.renderer)
             g = cfg.grasps
-            self._state = {
-                "calib": calib,
-                "cfg": cfg,
-                "cfg_plain": as_plain(cfg),
-                "cell": cell,
-                "hand": FloatingHand(cell),
-                "urdfs": object_urdfs(cfg.object_split),
-                "timing": GraspTiming(g.descend_steps, g.close_steps, g.lift_steps, g.hold_steps),
-                "size": render_size(calib, cfg.resolution_scale),
-            }
+            self._state = SceneWorld(
+                calib=calib,
+                cfg=cfg,
+                cfg_plain=as_plain(cfg),
+                cell=cell,
+                hand=FloatingHand(cell),
+                urdfs=object_urdfs(cfg.object_split),
+                timing=GraspTiming(g.descend_steps, g.close_steps, g.lift_steps, g.hold_steps),
+                size=render_size(calib, cfg.resolution_scale),
+            )
         return self._state
+
+    def render_frame(self, rng: np.random.Generator) -> RenderedFrame:
+        """One randomized frame of the scene as it stands now (the profile's looks, camera and
+        sensor drawn from ``rng``): what an evaluation shows its policy before each attempt."""
+        from sim_render.randomization import render_randomized
+
+        w = self.world()
+        return render_randomized(w.cell.client, w.cell.bodies, w.calib, rng, w.cfg_plain)
 
     def close(self) -> None:
         if self._state is not None:
-            self._state["cell"].close()
+            self._state.cell.close()
             self._state = None
 
     def reset_world(self, scene: int | None = None) -> dict:
@@ -133,11 +161,11 @@ class SceneRenderer:
         """
         from sim_render.textures import texture_pool
 
-        st = self._setup()
+        st = self.world()
         walls = self.bin_walls(scene)
-        st["cell"].reset(walls["height"], walls["thickness"])
-        texture_pool(st["cell"].client).clear()  # texture ids died with the world
-        st["hand"] = FloatingHand(st["cell"])
+        st.cell.reset(walls["height"], walls["thickness"])
+        texture_pool(st.cell.client).clear()  # texture ids died with the world
+        st.hand = FloatingHand(st.cell)
         return walls
 
     def bin_walls(self, scene: int | None) -> dict:
@@ -146,7 +174,7 @@ class SceneRenderer:
         Drawn from a generator of its own (``SeedSequence([seed, scene, 0xB1])``), so a
         profile without ``bin_walls`` keeps every other stream.
         """
-        cfg = self._setup()["cfg"].get("bin_walls")
+        cfg = self.world().cfg.get("bin_walls")
         if cfg is None or scene is None:
             return {"height": BIN_WALL_HEIGHT, "thickness": BIN_WALL_THICKNESS}
         rng = np.random.default_rng(np.random.SeedSequence([int(self.seed), int(scene), _BIN_WALLS_KEY]))
@@ -157,30 +185,30 @@ class SceneRenderer:
         """Drop the scene's objects and apply its physics; returns streams and params."""
         from sim_render.randomization import sample_physics
 
-        st = self._setup()
-        cfg, cell = st["cfg"], st["cell"]
+        st = self.world()
+        cfg, cell = st.cfg, st.cell
         rngs = scene_streams(self.seed, scene)
         lo, hi = cfg.objects_per_scene
         walls = self.reset_world(scene)
         ids: list[int] = []
         for _attempt in range(0 if self.is_empty(scene) else 5):
             n = int(rngs["objects"].integers(lo, hi + 1))
-            picks = rngs["objects"].choice(len(st["urdfs"]), size=n, replace=False)
+            picks = rngs["objects"].choice(len(st.urdfs), size=n, replace=False)
             ids = cell.drop_objects(
-                [st["urdfs"][k] for k in picks], rngs["objects"], cfg.physics.settle_steps
+                [st.urdfs[k] for k in picks], rngs["objects"], cfg.physics.settle_steps
             )
             if ids:
                 break
             cell.clear_objects()
         physics = sample_physics(rngs["physics"], cfg.physics, len(ids))
         cell.apply_physics(physics)
-        st["hand"].set_friction(physics["finger_friction"])
+        st.hand.set_friction(physics["finger_friction"])
         cell.settle(cfg.physics.settle_steps // 4)
         params = {
             "objects": [str(u).split("random_urdfs/")[-1] for u in cell.bodies.object_urdfs],
             "physics": physics,
         }
-        if self._setup()["cfg"].get("bin_walls") is not None:
+        if self.world().cfg.get("bin_walls") is not None:
             params["bin_walls"] = walls
         return rngs, params
 
@@ -190,31 +218,28 @@ class SceneRenderer:
         Drawn from a generator of its own, so profiles without empty scenes keep every
         other stream, and the scenes that are not empty are the same with or without it.
         """
-        prob = float(self._setup()["cfg"].get("empty_scene_prob", 0.0))
+        prob = float(self.world().cfg.get("empty_scene_prob", 0.0))
         if prob <= 0.0:
             return False
         rng = np.random.default_rng(np.random.SeedSequence([int(self.seed), int(scene), _EMPTY_SCENE_KEY]))
         return bool(rng.random() < prob)
 
     def label_scene(self, rngs: dict[str, np.random.Generator], physics: dict) -> list[LabelledGrasp]:
-        st = self._setup()
-        cfg, cell = st["cfg"], st["cell"]
+        st = self.world()
+        cfg, cell = st.cfg, st.cell
         hmap = cell.height_map()
         cands = heuristic_candidates(cell, hmap, cfg.grasps.n_heuristic, rngs["grasps"])
         cands += random_candidates(cell, hmap, cfg.grasps.n_random, rngs["grasps"])
         # After the others, from the same stream: profiles without perturbed ones keep their labels.
         cands += perturbed_candidates(cell, hmap, cands, int(cfg.grasps.n_perturbed), rngs["grasps"])
-        return label_grasps(cell, st["hand"], cands, float(physics["gripper_force"]), st["timing"])
+        return label_grasps(cell, st.hand, cands, float(physics["gripper_force"]), st.timing)
 
     # ---------------------------------------------------------------- visuals
     def render_frames(
         self, scene: int, rngs: dict[str, np.random.Generator], params: dict, labels: list[LabelledGrasp]
     ) -> list[FrameRecord]:
         """Render ``frames_per_scene`` randomized frames of the settled scene, labels projected."""
-        from sim_render.randomization import render_randomized
-
-        st = self._setup()
-        cfg, cell, calib = st["cfg"], st["cell"], st["calib"]
+        cfg = self.world().cfg
         grasp_arrays = {
             "position": np.array([lg.grasp.position for lg in labels], dtype=np.float32).reshape(-1, 3),
             "yaw": np.array([lg.grasp.yaw for lg in labels], dtype=np.float32),
@@ -225,7 +250,7 @@ class SceneRenderer:
         }
         frames = []
         for _ in range(int(cfg.frames_per_scene)):
-            frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], st["cfg_plain"])
+            frame = self.render_frame(rngs["visuals"])
             uv, angle, width_px = project_labels(labels, frame.camera)
             frames.append(
                 FrameRecord(
@@ -247,7 +272,7 @@ class SceneRenderer:
 
     def segmentation(self, seg_raw: np.ndarray, distractors: list[int]) -> np.ndarray:
         """Map PyBullet body ids to the dataset's labels (see docs/dataset.md)."""
-        b = self._setup()["cell"].bodies
+        b = self.world().cell.bodies
         lut = {b.table: SEG_BACKGROUND}
         lut.update({w: SEG_BIN for w in b.bin_walls})
         lut.update({d: SEG_DISTRACTOR for d in distractors})

@@ -61,7 +61,7 @@ def shadows_panel(calib: Calibration, n_scenes: int, seed: int) -> np.ndarray:
     try:
         for scene in range(n_scenes):
             rngs, _params = renderer.build_scene(scene)
-            cell = renderer._setup()["cell"]
+            cell = renderer.world().cell
             frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], cfg)
             mask = cast_shadow_mask(cell.client, frame.depth, frame.seg_raw, frame.camera,
                                     frame.params["lighting"]["lightDirection"], float(shadow["resolution"]),

@@ -6,15 +6,9 @@ import numpy as np
 import pytest
 
 from perception.decode import DecodedGrasp
-from policies.evaluate import (
-    ObservedRulePolicy,
-    OnnxPolicy,
-    OraclePolicy,
-    RandomPolicy,
-    TorchPolicy,
-    evaluate,
-    wilson_interval,
-)
+from policies.eval_adapters import OnnxPolicy, TorchPolicy
+from policies.eval_brackets import ObservedRulePolicy, OraclePolicy, RandomPolicy
+from policies.evaluate import evaluate, wilson_interval
 
 
 def test_wilson_interval():
@@ -206,3 +200,23 @@ def test_eval_cli_verbose_switches_the_episode_log_and_bad_values_name_their_key
         assert proc.returncode == 2 and f"{key} must be" in proc.stderr, (arg, proc.stderr)
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "n_episodes" in proc.stdout and "sweeps:" not in proc.stdout
+
+
+def test_the_policy_package_never_drives_pybullet():
+    """The evaluation asks sim_render for its episode operations (a frame, removing an object,
+    what lies under a grasp, strays): no module of policies/ names PyBullet or a renderer's
+    private state."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "policies"
+    offending = {
+        str(p.relative_to(root)): sorted(set(re.findall(r"import pybullet|\.client\.\w+|\._setup\(\)", p.read_text())))
+        for p in root.rglob("*.py")
+    }
+    assert {k: v for k, v in offending.items() if v} == {}
+
+
+def test_a_bracket_used_outside_an_evaluation_says_so():
+    with pytest.raises(RuntimeError, match="RandomPolicy must be bound"):
+        RandomPolicy()()

@@ -100,7 +100,8 @@ def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floo
     answers 17 (2026-12-03). This guards the 17; the goal stays open."""
     from omegaconf import OmegaConf
 
-    from policies.evaluate import OnnxPolicy, evaluate_empty_bin, load_profile
+    from policies.eval_adapters import OnnxPolicy
+    from policies.evaluate import evaluate_empty_bin, load_profile
     from policies.export import export_artifact
     from policies.module import GraspPolicyModule
     from policies.train import geometry_export

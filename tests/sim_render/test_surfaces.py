@@ -363,7 +363,7 @@ def test_bin_walls_are_drawn_per_scene_within_the_contract(calib):
     assert all(0.03 <= h <= 0.06 for h in heights) and max(heights) - min(heights) > 0.01
     _, params = r.build_scene(3)
     assert params["bin_walls"] == walls[3]
-    cell = r._setup()["cell"]
+    cell = r.world().cell
     aabb = cell.client.getAABB(cell.bodies.bin_walls[0])
     assert abs((aabb[1][2] - aabb[0][2]) - walls[3]["height"]) < 1e-3
     assert abs((aabb[1][0] - aabb[0][0]) - walls[3]["thickness"]) < 1e-3
