@@ -25,7 +25,7 @@ install-robot:
 	$(PYTHON) -m venv $(ROBOT_VENV)
 	$(ROBOT_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-robot.txt
 	$(ROBOT_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps .
-	$(ROBOT_VENV)/bin/python -c "import importlib.util as u, perception.service; assert u.find_spec('torch') is None, 'torch got in'"
+	$(ROBOT_VENV)/bin/python -c "import importlib.util as u, perception.robot.service; assert u.find_spec('torch') is None, 'torch got in'"
 	@echo "robot side installed in $(ROBOT_VENV): $(ROBOT_VENV)/bin/sim2real-serve artifact=DIR calibration=FILE"
 
 ## The main job: the whole pipeline on its built-in defaults (budget=tiny).

@@ -1,10 +1,10 @@
 """Data for the translation: sim frames from a render dataset and a folder of real frames.
 
 Both domains go through the one shared preprocessing function
-(:func:`perception.preprocess.preprocess`: undistort, crop, resize into the network view),
+(:func:`perception.core.preprocess.preprocess`: undistort, crop, resize into the network view),
 sim frames with the dataset's nominal calibration, real frames with the user's. The sim
 segmentation is mapped through the same remap with nearest-neighbour sampling
-(:func:`perception.preprocess.preprocess_labels`). Preprocessed frames are held in memory as ``uint8``;
+(:func:`perception.core.preprocess.preprocess_labels`). Preprocessed frames are held in memory as ``uint8``;
 augmentations (random crop, horizontal flip, small colour jitter, with kornia) run after
 the batch reaches the training device (:meth:`AdaptDataModule.on_after_batch_transfer`).
 
@@ -29,9 +29,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from adaptation.images import iter_real_frames
 from conf import policy_default
-from perception.calibration import Calibration, load_calibration
-from perception.geometry import NetworkView, make_view
-from perception.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
+from perception.core.calibration import Calibration, load_calibration
+from perception.core.geometry import NetworkView, make_view
+from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
 
 __all__ = [
     "SimDataError",
@@ -178,7 +178,7 @@ class AdaptDataModule(pl.LightningDataModule):
         jitter: strength of the colour jitter (brightness, contrast, saturation; hue / 4).
         seed: fixes the splits.
         view: the network view's spec (``{"kind": "table" | "camera", ...}``,
-            :func:`perception.geometry.make_view`); ``None``: the policy's (``conf/policy/default.yaml``).
+            :func:`perception.core.geometry.make_view`); ``None``: the policy's (``conf/policy/default.yaml``).
     """
 
     def __init__(

@@ -13,8 +13,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from perception.calibration import Calibration
-from perception.preprocess import PreprocessError, ensure_rgb8
+from perception.core.calibration import Calibration
+from perception.core.preprocess import PreprocessError, ensure_rgb8
 
 __all__ = ["RealFramesError", "IMAGE_SUFFIXES", "list_real_frames", "read_rgb", "read_real_frame", "iter_real_frames",
            "load_real_frames", "RealFrames"]

@@ -44,7 +44,7 @@ from torch import nn
 from adaptation import metrics as M
 from adaptation.data import to_uint8
 from adaptation.networks import build, count_parameters
-from perception.jsonio import to_jsonable
+from perception.core.jsonio import to_jsonable
 from sim_render.format import SEG_DISTRACTOR
 
 __all__ = ["CycleGANModule", "ImagePool", "masked_pmse", "content_mask", "lsgan_loss", "GENERATOR_FORMAT"]

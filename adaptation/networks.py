@@ -1,7 +1,7 @@
 """Plain ``nn.Module`` networks of the sim->real translation, registered by name.
 
 Generators map ``(N, 3, H, W)`` images normalised to ``[-1, 1]`` (see
-:data:`perception.preprocess.IMAGE_MEAN` / ``IMAGE_STD``) to the same layout and range.
+:data:`perception.core.preprocess.IMAGE_MEAN` / ``IMAGE_STD``) to the same layout and range.
 
 - ``resnet9``: the reference CycleGAN generator (Zhu et al. 2017): 64 filters, two
   stride-2 downsamplings, 9 residual blocks, 11.4M parameters.

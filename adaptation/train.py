@@ -29,9 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from adaptation.data import AdaptDataModule
 from adaptation.module import CycleGANModule
-from perception.atomic import atomic_write_text
-from perception.calibration import Calibration, CalibrationError, calibration_path
-from perception.jsonio import write_json
+from perception.core.atomic import atomic_write_text
+from perception.core.calibration import Calibration, CalibrationError, calibration_path
+from perception.core.jsonio import write_json
 
 __all__ = ["main", "train", "compose_config", "resolve_ckpt_path", "build_logger", "REPORT_NAME"]
 
@@ -308,7 +308,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cli import hydra_command_checks
+    from perception.core.cli import hydra_command_checks
 
     hydra_command_checks("adapt", "sim2real-adapt", __doc__ or "", sys.argv[1:])
     _hydra_main()

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from adaptation.networks import build
-from perception.jsonio import write_json
+from perception.core.jsonio import write_json
 
 __all__ = ["GeneratorError", "load_generator", "save_generator", "generator_view", "translate", "Translator", "main"]
 
@@ -134,7 +134,7 @@ def generator_view(meta: dict, calib: Any, size: tuple[int, int]) -> Any:
     A table view is fixed in base coordinates and is taken as it was trained; a camera
     view (and a generator from before views were recorded) is rebuilt on ``calib``.
     """
-    from perception.geometry import NetworkView, network_view
+    from perception.core.geometry import NetworkView, network_view
 
     v = meta.get("view") if meta else None
     if v and v.get("kind") == "table":
@@ -160,7 +160,7 @@ def translate(
 
     Args:
         frames: ``(H, W, 3)`` or ``(N, H, W, 3)`` uint8 RGB, already in the network view
-            (:func:`perception.preprocess.preprocess`).
+            (:func:`perception.core.preprocess.preprocess`).
         generator: from :func:`load_generator`.
         device: where to run (default: the generator's device).
         batch_size: frames per forward pass.
@@ -268,7 +268,7 @@ class Translator:
 
     def from_raw(self, raw_rgb: np.ndarray, calib: Any, view: Any = None) -> np.ndarray:
         """Preprocess a raw frame into the view (default: the generator's) and translate it."""
-        from perception.preprocess import preprocess
+        from perception.core.preprocess import preprocess
 
         view = view if view is not None else generator_view(self.meta, calib, self.image_size)
         return self(preprocess(raw_rgb, calib, view))
@@ -281,9 +281,9 @@ def run(args) -> dict[str, Any]:
     ``args``: ``conf/translate.yaml``'s keys (a mapping).
     """
     from adaptation.images import IMAGE_SUFFIXES, read_rgb
-    from perception.calibration import load_calibration
-    from perception.cli import config_number
-    from perception.preprocess import preprocess
+    from perception.core.calibration import load_calibration
+    from perception.core.cli import config_number
+    from perception.core.preprocess import preprocess
 
     for key in ("generator", "input", "output_dir"):
         if not args.get(key):
@@ -337,7 +337,7 @@ def run(args) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from adaptation.images import RealFramesError
-    from perception.cli import compose_config
+    from perception.core.cli import compose_config
 
     prog = "sim2real-translate"
     cfg = compose_config("translate", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")

@@ -28,9 +28,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perception.calibration import Calibration, default_calibration_path  # noqa: E402
-from perception.imageio import read_image  # noqa: E402
-from perception.preprocess import preprocess, to_network_input  # noqa: E402
+from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
+from perception.core.imageio import read_image  # noqa: E402
+from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
 from policies.geometry import (  # noqa: E402
     GeometryFrames,
     geometry_errors,

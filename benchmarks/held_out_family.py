@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perception.calibration import Calibration  # noqa: E402
+from perception.core.calibration import Calibration  # noqa: E402
 from policies.eval_adapters import OnnxPolicy  # noqa: E402
 from policies.evaluate import evaluate, load_profile, newcombe_interval, wilson_interval  # noqa: E402
 

@@ -48,10 +48,10 @@ def _stats(ms: list[float]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
-    from perception.artifact import PolicyRunner
-    from perception.calibration import Calibration, default_calibration_path
-    from perception.decode import decode_grasp
-    from perception.geometry import network_view
+    from perception.core.artifact import PolicyRunner
+    from perception.core.calibration import Calibration, default_calibration_path
+    from perception.core.decode import decode_grasp
+    from perception.core.geometry import network_view
     from policies.export import export_artifact
     from policies.module import GraspPolicyModule
     from policies.networks import ExportWrapper, GraspNet, count_parameters
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         module = GraspPolicyModule.load_from_checkpoint(args.checkpoint, map_location="cpu")
         net = module.net.eval()
         calib = Calibration.from_dict(module.hparams["calibration"], check_view=False)
-        from perception.geometry import NetworkView
+        from perception.core.geometry import NetworkView
 
         view = NetworkView.from_dict(module.hparams["view"])
         tmp = tempfile.TemporaryDirectory()

@@ -24,9 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perception.calibration import Calibration, default_calibration_path  # noqa: E402
-from perception.imageio import read_image  # noqa: E402
-from perception.refine import RefineError, perturb, pose_change, refine_pose  # noqa: E402
+from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
+from perception.core.imageio import read_image  # noqa: E402
+from perception.core.refine import RefineError, perturb, pose_change, refine_pose  # noqa: E402
 from sim_render.api import render_cell_frames  # noqa: E402
 
 SHIFT_MM, ANGLE_DEG = 1.5, 0.1

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.calibration import Calibration, default_calibration_path
+from perception.core.calibration import Calibration, default_calibration_path
 from sim_render.api import render_config, render_dataset
 from sim_render.camera import raw_getcamera_fps
 from sim_render.labels import label_grasps

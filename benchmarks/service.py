@@ -43,13 +43,13 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perception.artifact import PolicyRunner, cpu_count  # noqa: E402
-from perception.calibration import Calibration, default_calibration_path  # noqa: E402
-from perception.decode import decode_grasp  # noqa: E402
-from perception.imageio import decode_image, encode_image  # noqa: E402
-from perception.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
-from perception.rule import CHECK_OPTIONS  # noqa: E402
-from perception.testing import (  # noqa: E402
+from perception.core.artifact import PolicyRunner, cpu_count  # noqa: E402
+from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
+from perception.core.decode import decode_grasp  # noqa: E402
+from perception.core.imageio import decode_image, encode_image  # noqa: E402
+from perception.core.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
+from perception.core.rule import CHECK_OPTIONS  # noqa: E402
+from perception.core.testing import (  # noqa: E402
     free_port,
     resident_memory_bytes,
     scan_bomb_jpeg,
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> dict:
     tmp = None
     artifact = args.artifact
     if artifact is None:
-        from perception.testing import make_test_artifact
+        from perception.core.testing import make_test_artifact
 
         tmp = tempfile.TemporaryDirectory()
         artifact = make_test_artifact(Path(tmp.name) / "artifact", calibration=calib, view_size=(160, 120),
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> dict:
 
     def serve(precision: str, fmts: tuple[str, ...], loads: bool):
         port = free_port()
-        cmd = [sys.executable, "-m", "perception.service", f"artifact={artifact}",
+        cmd = [sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
                f"calibration={args.calibration or default_calibration_path()}", f"port={port}", f"threads={threads}",
                f"precision={precision}", "log_level=warning"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)

@@ -28,8 +28,8 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from perception.calibration import Calibration, CalibrationError, load_calibration
-from perception.jsonio import write_json
+from perception.core.calibration import Calibration, CalibrationError, load_calibration
+from perception.core.jsonio import write_json
 from sim_render.api import to_plain
 
 __all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base", "main"]
@@ -238,7 +238,7 @@ def _train_policy_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: f
 
 @hydra.main(config_path="pkg://conf", config_name="base", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
-    from perception.cliutil import fail
+    from perception.core.cliutil import fail
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
@@ -261,8 +261,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cli import hydra_command_checks
-    from perception.cliutil import check_writable_dir_args
+    from perception.core.cli import hydra_command_checks
+    from perception.core.cliutil import check_writable_dir_args
 
     hydra_command_checks("base", "sim2real-train-base", __doc__ or "", sys.argv[1:])
     check_writable_dir_args("sim2real-train-base", sys.argv[1:])

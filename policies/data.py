@@ -1,17 +1,17 @@
 """Training frames for the grasp policy: rendered sim frames mapped into the network view,
 with dense grasp-map targets built from the physics-verified labels.
 
-Two kinds of view (:class:`perception.geometry.NetworkView`):
+Two kinds of view (:class:`perception.core.geometry.NetworkView`):
 
 - ``table`` (the policy's default): every frame is warped top-down with the calibration of
   the camera that rendered it (a calibrated camera, as at deployment); a view pixel is a
   base-frame ``(x, y)``, so labels go in by their base position and yaw, and the dense
   targets come from the depth rebuilt top-down (:func:`table_view_surface`);
-- ``camera``: every frame goes through :func:`perception.preprocess.preprocess` with the
+- ``camera``: every frame goes through :func:`perception.core.preprocess.preprocess` with the
   **nominal** calibration (the renderer's camera jitter then models calibration error).
   Labels live in raw pixels of the jittered camera, i.e. on the image content, so they
   are mapped into the view with the same nominal calibration
-  (:func:`perception.geometry.raw_to_view_pixels`), fingertips included, which gives the
+  (:func:`perception.core.geometry.raw_to_view_pixels`), fingertips included, which gives the
   view-image angle and opening of each grasp.
 
 Targets of one frame (view ``H x W``, ``A`` angle bins, see :func:`build_targets`):
@@ -23,7 +23,7 @@ Targets of one frame (view ``H x W``, ``A`` angle bins, see :func:`build_targets
   negatives for every bin (weighted by the module's ``dense_negative_weight``);
 - ``height_target``/``height_weight`` ``(H, W)``: fingertip height above the table, metres:
   dense from the depth image (surface height minus the labeller's
-  :data:`perception.rule.GRASP_DEPTH`, at least the table clearance), and the labelled
+  :data:`perception.core.rule.GRASP_DEPTH`, at least the table clearance), and the labelled
   grasp's own ``z`` on the label disks (weight ``label_height_weight``);
 - ``surface_target``/``surface_weight`` ``(H, W)``: the surface seen there, metres above the
   table (the decode's grasp rule runs on the predicted one), weighted like the heights;
@@ -49,12 +49,12 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset
 
 from conf import policy_default
-from perception.calibration import Calibration
-from perception.frames import MIN_TIP_CLEARANCE, transform_points
-from perception.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_to_view_pixels
-from perception.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
-from perception.preprocess import preprocess, to_network_input, view_maps
-from perception.rule import GRASP_DEPTH
+from perception.core.calibration import Calibration
+from perception.core.frames import MIN_TIP_CLEARANCE, transform_points
+from perception.core.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_to_view_pixels
+from perception.core.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
+from perception.core.preprocess import preprocess, to_network_input, view_maps
+from perception.core.rule import GRASP_DEPTH
 from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
@@ -139,7 +139,7 @@ def table_view_surface(
         ``surface_z`` ``(H, W)`` float32 height in ``B`` (NaN unknown), ``top_label``
         ``(H, W)`` uint8 segmentation label of that highest point, ``known`` ``(H, W)`` bool.
     """
-    from perception.geometry import base_to_view_pixels, top_down_max
+    from perception.core.geometry import base_to_view_pixels, top_down_max
     from policies.geometric import depth_points
 
     W, H = view.size
@@ -657,7 +657,7 @@ def make_policy_datasets(
 
     Args:
         view: a :class:`NetworkView`, or a spec ``{"kind": "table" | "camera", **kw}`` that
-            :func:`perception.geometry.make_view` builds on the nominal calibration with
+            :func:`perception.core.geometry.make_view` builds on the nominal calibration with
             ``view_size`` (``None``: the config's ``view``, ``conf/policy/default.yaml``).
 
     Returns:

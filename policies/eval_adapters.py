@@ -11,10 +11,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from perception.calibration import Calibration
-from perception.decode import DecodedGrasp, decode_grasp
-from perception.geometry import NetworkView, project_points
-from perception.grasp import Grasp
+from perception.core.calibration import Calibration
+from perception.core.decode import DecodedGrasp, decode_grasp
+from perception.core.geometry import NetworkView, project_points
+from perception.core.grasp import Grasp
 
 __all__ = ["EvalPolicy", "OnnxPolicy", "TorchPolicy", "decoded_at"]
 
@@ -63,7 +63,7 @@ class OnnxPolicy:
         intra_op_num_threads: int | None = None,
         precision: str = "auto",
     ) -> None:
-        from perception.artifact import PolicyRunner
+        from perception.core.artifact import PolicyRunner
 
         self.runner = PolicyRunner(artifact_dir, calibration, intra_op_num_threads=intra_op_num_threads,
                                    precision=precision)
@@ -147,7 +147,7 @@ class TorchPolicy:
         self, raw_rgb: np.ndarray, calibration: Calibration | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``quality (A, H, W)``, ``width (H, W)``, ``height (H, W)``, ``surface (H, W)`` of one raw frame."""
-        from perception.preprocess import preprocess, to_network_input
+        from perception.core.preprocess import preprocess, to_network_input
 
         torch = self._torch
         calib = self.calibration if calibration is None else calibration

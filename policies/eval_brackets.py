@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from perception.calibration import Calibration
-from perception.decode import DecodedGrasp, decode_grasp
-from perception.geometry import NetworkView, project_points
-from perception.grasp import Grasp
+from perception.core.calibration import Calibration
+from perception.core.decode import DecodedGrasp, decode_grasp
+from perception.core.geometry import NetworkView, project_points
+from perception.core.grasp import Grasp
 from policies.eval_adapters import decoded_at
 
 __all__ = ["Bracket", "EvalContext", "ObservedRulePolicy", "OraclePixelPolicy", "OraclePolicy", "RandomPolicy"]
@@ -120,8 +120,8 @@ class OraclePixelPolicy(OraclePolicy):
         self.view, self.angle_bins = view, int(angle_bins)
 
     def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
-        from perception.geometry import raw_to_view_pixels
-        from perception.grasp import angle_bin_centers, angle_to_bin, view_grasp_to_base
+        from perception.core.geometry import raw_to_view_pixels
+        from perception.core.grasp import angle_bin_centers, angle_to_bin, view_grasp_to_base
 
         dec = super().__call__(raw_rgb)
         ctx = self.ctx
@@ -165,14 +165,14 @@ class ObservedRulePolicy(Bracket):
     The attempt's rendered depth is rebuilt top-down into a table view
     (:func:`policies.data.table_view_surface`: exactly what the policy's ``surface`` output is
     trained towards, unseen cells as free) and decoded with the rule of
-    :mod:`perception.rule` alone (a flat quality map, ``quality_power`` 0), through the
+    :mod:`perception.core.rule` alone (a flat quality map, ``quality_power`` 0), through the
     calibration the policy would be given. Its rate is what the rule decode reaches with a
     perfect surface prediction: the ceiling of geometry without learned quality.
 
     Args:
         view: a top-down view (the policy's, or ``table_view(calib, (96, 96))``).
         angle_bins: angle bins of the decode.
-        rule: :data:`perception.rule.DEFAULT_RULE` overrides.
+        rule: :data:`perception.core.rule.DEFAULT_RULE` overrides.
     """
 
     name = "rule_observed"

@@ -9,7 +9,7 @@ Protocol (one call of :func:`evaluate` = one domain):
 - Each attempt renders the current scene once in the domain's profile (new camera jitter,
   visuals, lighting, distractors and sensor noise per attempt; frames at the profile's
   ``resolution_scale`` of the calibration's ``image_size`` unless ``render_scale`` is
-  given), asks the policy for a grasp (raw RGB -> :class:`perception.decode.DecodedGrasp`)
+  given), asks the policy for a grasp (raw RGB -> :class:`perception.core.decode.DecodedGrasp`)
   and executes it with the floating hand (:meth:`sim_render.gripper.FloatingHand.execute`),
   at the scene's gripper force.
 - A lifted object leaves the scene. A failed attempt counts against the object under the
@@ -45,9 +45,9 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from perception.calibration import Calibration
-from perception.decode import DecodedGrasp
-from perception.jsonio import write_json
+from perception.core.calibration import Calibration
+from perception.core.decode import DecodedGrasp
+from perception.core.jsonio import write_json
 from policies.eval_adapters import EvalPolicy, OnnxPolicy
 from policies.eval_brackets import (
     EvalContext,
@@ -359,7 +359,7 @@ def evaluate_domains(
         if empty_bin_frames > 0:
             out.setdefault("empty_bin", {})[d] = evaluate_empty_bin(policy, d, calib, empty_bin_frames, seed,
                                                                     render_scale)
-    from perception.geometry import table_view
+    from perception.core.geometry import table_view
 
     pview = getattr(policy, "view", None)
     rule_view = pview if pview is not None and pview.is_table else table_view(calib, (96, 96))
@@ -388,8 +388,8 @@ def _summary_line(name: str, r: dict) -> str:
 
 def run_eval(cfg: DictConfig) -> dict:
     """What ``sim2real-eval`` does; returns the JSON it writes."""
-    from perception.calibration import load_calibration
-    from perception.cli import config_number
+    from perception.core.calibration import load_calibration
+    from perception.core.cli import config_number
 
     # Ranges before any work (ValueError names the key; the command exits 2).
     config_number(cfg, "n_episodes", int, lo=1)
@@ -436,8 +436,8 @@ def run_eval(cfg: DictConfig) -> dict:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from perception.artifact import ArtifactError
-    from perception.calibration import CalibrationError
+    from perception.core.artifact import ArtifactError
+    from perception.core.calibration import CalibrationError
 
     # Hydra has configured the root logger already (basicConfig would do nothing): set its level.
     logging.getLogger().setLevel(logging.INFO if cfg.verbose else logging.WARNING)
@@ -456,7 +456,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cli import hydra_command_checks
+    from perception.core.cli import hydra_command_checks
 
     hydra_command_checks("eval", "sim2real-eval", __doc__ or "", sys.argv[1:])
     _hydra_main()

@@ -1,6 +1,6 @@
 """Export the trained policy as the robot-side artifact: ``policy.onnx`` + ``metadata.json``.
 
-The format is the one :mod:`perception.artifact` reads (``format_version`` 1)::
+The format is the one :mod:`perception.core.artifact` reads (``format_version`` 1)::
 
     {"format": "sim2real-grasp-policy", "format_version": 1, "onnx": "policy.onnx",
      "input": {"name": "image", "layout": "NCHW", "channels": "RGB", "dtype": "float32",
@@ -31,11 +31,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from perception.artifact import file_sha256, policy_metadata, write_metadata
-from perception.atomic import default_dir_mode, default_file_mode
-from perception.calibration import Calibration
-from perception.geometry import NetworkView
-from perception.preprocess import IMAGE_MEAN, IMAGE_STD
+from perception.core.artifact import file_sha256, policy_metadata, write_metadata
+from perception.core.atomic import default_dir_mode, default_file_mode
+from perception.core.calibration import Calibration
+from perception.core.geometry import NetworkView
+from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD
 from policies.networks import ExportWrapper, GraspNet
 
 __all__ = ["export_artifact", "export_onnx", "export_graph", "graph_max_diff", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 ONNX_FILE = "policy.onnx"
 OPSET = 18
-#: The graph's outputs, in ExportWrapper's order (perception.artifact.PolicyRunner reads them by name).
+#: The graph's outputs, in ExportWrapper's order (perception.core.artifact.PolicyRunner reads them by name).
 OUTPUT_NAMES = ("quality", "width", "height", "surface")
 
 
@@ -150,7 +150,7 @@ def graph_max_diff(wrapper: nn.Module, onnx_path: Path, x: np.ndarray, output_na
     return max(float(np.max(np.abs(g - w.numpy()))) for g, w in zip(got, want))
 
 
-#: The geometry graph's file and outputs (perception.artifact.GeometryMetadata).
+#: The geometry graph's file and outputs (perception.core.artifact.GeometryMetadata).
 GEOMETRY_ONNX_FILE = "geometry.onnx"
 GEOMETRY_OUTPUT_NAMES = ("height", "part")
 
@@ -170,7 +170,7 @@ def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify
     diff = graph_max_diff(wrapper, tmp / GEOMETRY_ONNX_FILE, x, GEOMETRY_OUTPUT_NAMES)
     if not diff <= verify_atol:
         raise ExportError(f"geometry graph: onnxruntime and torch outputs differ by {diff:.2e} (> {verify_atol:.0e})")
-    from perception.rule import DEFAULT_RULE, OBJECT_HEIGHT
+    from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
 
     # Parts are looked for clear of the walls (the rule's region); a floor cell stays just below a part's height.
     opts = {"part_threshold": 0.5, "interior_margin": DEFAULT_RULE["region_margin"], "floor_height": 0.9 * OBJECT_HEIGHT,

@@ -38,11 +38,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
-from perception.atomic import replace_tree
-from perception.calibration import Calibration
-from perception.geometry import NetworkView
-from perception.jsonio import write_json
-from perception.recording import load_attempts, load_header
+from perception.core.atomic import replace_tree
+from perception.core.calibration import Calibration
+from perception.core.geometry import NetworkView
+from perception.core.jsonio import write_json
+from perception.core.recording import load_attempts, load_header
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
            "finetune", "main"]
@@ -102,7 +102,7 @@ def split_blocks(n: int, check_fraction: float, guard: int) -> tuple[np.ndarray,
 
 def _label_bin(attempt: dict, calib: Calibration, view: NetworkView, angle_bins: int) -> tuple[int, int, int]:
     """``(angle_bin, v, u)`` of an attempt's grasp in the view."""
-    from perception.grasp import angle_to_bin, base_grasp_to_view
+    from perception.core.grasp import angle_to_bin, base_grasp_to_view
 
     g = attempt["grasp"]
     uv, angle, _ = base_grasp_to_view(np.asarray(g["position"]), float(g["yaw"]), float(g["width"]), calib, view)
@@ -112,7 +112,7 @@ def _label_bin(attempt: dict, calib: Calibration, view: NetworkView, angle_bins:
 
 
 def _read_frame(attempt: dict) -> np.ndarray:
-    from perception.imageio import read_image
+    from perception.core.imageio import read_image
 
     return read_image(Path(attempt["_dir"]) / attempt["frame"])
 
@@ -128,7 +128,7 @@ class RealAttempts(Dataset):
 
     def __init__(self, attempts: Sequence[dict], calib: Calibration, view: NetworkView, angle_bins: int,
                  label_weight: float = 1.0) -> None:
-        from perception.preprocess import preprocess
+        from perception.core.preprocess import preprocess
 
         self.calib, self.view, self.angle_bins = calib, view, int(angle_bins)
         self.label_weight = float(label_weight)
@@ -141,7 +141,7 @@ class RealAttempts(Dataset):
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        from perception.preprocess import to_network_input
+        from perception.core.preprocess import to_network_input
 
         view_rgb, (a, v, u), success = self.items[i]
         W, H = self.view.size
@@ -189,8 +189,8 @@ def calibration_curve(scores: Sequence[float], labels: Sequence[bool], bins: int
 def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence[np.ndarray], calib: Calibration) -> dict:
     """An artifact on the held-out attempts (``frames``: their raw frames): quality at each
     recorded grasp against its outcome, and its own answers on those frames (null rate)."""
-    from perception.artifact import PolicyRunner
-    from perception.decode import decode_grasp
+    from perception.core.artifact import PolicyRunner
+    from perception.core.decode import decode_grasp
 
     runner = PolicyRunner(artifact, calib)
     scores, labels, nulls = [], [], 0
@@ -210,7 +210,7 @@ def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence
 
 def finetune(cfg: DictConfig) -> dict:
     """What ``sim2real-finetune`` does; returns ``report.json``'s content."""
-    from perception.cli import config_number
+    from perception.core.cli import config_number
     from policies.train import train_policy
 
     t0 = time.perf_counter()
@@ -341,8 +341,8 @@ def _summary(report: dict) -> str:
 
 @hydra.main(config_path="pkg://conf", config_name="finetune", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
-    from perception.artifact import ArtifactError
-    from perception.calibration import CalibrationError
+    from perception.core.artifact import ArtifactError
+    from perception.core.calibration import CalibrationError
 
     logging.getLogger().setLevel(logging.INFO)
     try:
@@ -354,8 +354,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cli import hydra_command_checks
-    from perception.cliutil import check_writable_dir_args
+    from perception.core.cli import hydra_command_checks
+    from perception.core.cliutil import check_writable_dir_args
 
     hydra_command_checks("finetune", "sim2real-finetune", __doc__ or "", sys.argv[1:])
     check_writable_dir_args("sim2real-finetune", sys.argv[1:])

@@ -25,17 +25,17 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from perception.calibration import Calibration
-from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_points
-from perception.geometry import (
+from perception.core.calibration import Calibration
+from perception.core.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE, transform_points
+from perception.core.geometry import (
     NetworkView,
     project_points,
     raw_pixels_to_rays,
     raw_to_view_pixels,
     top_down_max,
 )
-from perception.grasp import angle_to_bin, normalize_angle
-from perception.rule import ABOVE_TIPS, GRASP_DEPTH, fitting_grasps
+from perception.core.grasp import angle_to_bin, normalize_angle
+from perception.core.rule import ABOVE_TIPS, GRASP_DEPTH, fitting_grasps
 from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
@@ -104,7 +104,7 @@ def geometric_grasps(
     max_cells: int | None = None,
     rng: np.random.Generator | None = None,
 ) -> dict[str, np.ndarray]:
-    """The labeller's rule (:func:`perception.rule.fitting_grasps`) for a grasp centred on
+    """The labeller's rule (:func:`perception.core.rule.fitting_grasps`) for a grasp centred on
     every object cell at every yaw.
 
     Unseen cells (the camera's shadow behind a part) count as free; a verdict that rests
@@ -248,7 +248,7 @@ def ray_grasp_heights(
     Returns:
         ``(H, W)`` fingertip heights above ``table_z`` (NaN outside the raw frame).
     """
-    from perception.geometry import raw_pixels_to_rays
+    from perception.core.geometry import raw_pixels_to_rays
 
     xs, ys, height, known, _ = grid
     res = float(xs[1] - xs[0])

@@ -1,16 +1,16 @@
 """Geometry from RGB: the height of what every camera-view pixel sees, and whether it is a part.
 
-The grasp rule (:mod:`perception.rule`) picks grasps that fit well on a good height map
+The grasp rule (:mod:`perception.core.rule`) picks grasps that fit well on a good height map
 (the ``rule_observed`` bracket and the cells' ``oracle-geom``), and the measured failure of
 the learned maps is placement: fingers landing on parts. :class:`policies.networks.GeometryNet`
-predicts, in the *camera* view (``perception.geometry.network_view``: where a part's edges
+predicts, in the *camera* view (``perception.core.geometry.network_view``: where a part's edges
 are the image's edges, unlike the top-down view, where every part leans away from the camera
 and its edges smear):
 
 - ``height``: metres above ``table_z`` of the surface seen at the pixel;
 - ``object``: the probability that the pixel sees a part (segmentation label >= ``SEG_FIRST_OBJECT``).
 
-The deployed decode (:func:`perception.geometry.camera_heights_to_surface`, torch-free,
+The deployed decode (:func:`perception.core.geometry.camera_heights_to_surface`, torch-free,
 shared by the service and the evaluation) lifts each pixel onto its ray at the predicted
 height through the serving calibration and keeps the top of every top-down cell: the
 surface the rule runs on, ranked by the policy's learned quality.
@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from perception.calibration import Calibration
-from perception.geometry import NetworkView, make_view
-from perception.jsonio import write_json
-from perception.preprocess import preprocess, to_network_input
+from perception.core.calibration import Calibration
+from perception.core.geometry import NetworkView, make_view
+from perception.core.jsonio import write_json
+from perception.core.preprocess import preprocess, to_network_input
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
 from sim_render.format import SEG_FIRST_OBJECT

@@ -12,7 +12,7 @@ sim. Frames left out of that calibration then measure what the quantization chan
 largest and mean absolute difference of every output against the float graph), recorded
 in ``metadata.json`` beside the int8 graph's name and hash. The float graphs stay in the
 artifact, unchanged: they are the reference the export verified against torch, and what a
-GPU runs (:class:`perception.artifact.PolicyRunner`'s ``precision``).
+GPU runs (:class:`perception.core.artifact.PolicyRunner`'s ``precision``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.artifact import METADATA_FILE, file_sha256, load_metadata, write_metadata
-from perception.preprocess import preprocess, to_network_input
+from perception.core.artifact import METADATA_FILE, file_sha256, load_metadata, write_metadata
+from perception.core.preprocess import preprocess, to_network_input
 
 __all__ = ["Int8Error", "INT8_SUFFIX", "add_int8_graphs"]
 

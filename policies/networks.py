@@ -1,17 +1,17 @@
 """The grasp network: a small fully convolutional encoder-decoder (GG-CNN-style dense maps).
 
 :class:`GraspNet` maps a normalised view image ``(N, 3, H, W)`` (see
-:func:`perception.preprocess.to_network_input`) to three maps at input resolution:
+:func:`perception.core.preprocess.to_network_input`) to three maps at input resolution:
 
 - ``quality_logits`` ``(N, A, H, W)``: per pixel and image-plane angle bin
-  (:func:`perception.grasp.angle_bin_centers`), the logit of "a top-down grasp centred
+  (:func:`perception.core.grasp.angle_bin_centers`), the logit of "a top-down grasp centred
   here, at this angle, succeeds";
 - ``width`` ``(N, 1, H, W)``: the opening, metres, in ``[0, GRIPPER_MAX_WIDTH]``;
 - ``height`` ``(N, 1, H, W)``: the fingertip height above ``table_z``, metres, in
   ``[0, HEIGHT_MAX]``;
 - ``surface`` ``(N, 1, H, W)``: the top of whatever stands at the pixel (the bin's contents
   seen from above), metres above ``table_z``, in ``[0, HEIGHT_MAX]``: what the grasp rule
-  of :mod:`perception.rule` runs on in the decode.
+  of :mod:`perception.core.rule` runs on in the decode.
 
 :class:`GeometryNet` (same trunk, :class:`UNet`) maps a *camera*-view image to the height of
 what each pixel sees and a part mask (:mod:`policies.geometry`); :class:`GeometryExport` is
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perception.frames import GRIPPER_MAX_WIDTH
+from perception.core.frames import GRIPPER_MAX_WIDTH
 
 __all__ = ["UNet", "GraspNet", "GeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
            "network_kwargs"]

@@ -27,10 +27,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from perception.atomic import replace_tree
-from perception.calibration import Calibration, CalibrationError, calibration_path
-from perception.cliutil import check_writable_dir_args, fail
-from perception.jsonio import write_json
+from perception.core.atomic import replace_tree
+from perception.core.calibration import Calibration, CalibrationError, calibration_path
+from perception.core.cliutil import check_writable_dir_args, fail
+from perception.core.jsonio import write_json
 from sim_render.api import to_plain
 
 __all__ = ["run_pipeline", "main", "stage_hash"]
@@ -126,7 +126,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
     if cfg.get("int8") is not None:
-        from perception.cli import config_number
+        from perception.core.cli import config_number
 
         config_number({"int8.max_frames": cfg.int8.get("max_frames")}, "int8.max_frames", int, lo=1)
     t_start = time.perf_counter()
@@ -349,7 +349,7 @@ def task_consistency_stage(
         (``artifact``, ``checkpoint``, ``metrics``, ``global_step``, ``train_time_s``).
     """
     from adaptation.translate import Translator, load_generator, save_generator
-    from perception.geometry import NetworkView
+    from perception.core.geometry import NetworkView
     from policies.consistency import consistency_finetune
     from policies.data import PolicyFrames
     from policies.module import GraspPolicyModule
@@ -386,7 +386,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cli import hydra_command_checks
+    from perception.core.cli import hydra_command_checks
 
     hydra_command_checks("pipeline", "sim2real-pipeline", __doc__ or "", sys.argv[1:])
     check_writable_dir_args("sim2real-pipeline", sys.argv[1:])

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from perception.atomic import atomic_write_text
-from perception.calibration import Calibration
-from perception.draw import SUCCESS_COLOR, caption_image, draw_grasp, label_image, panel
-from perception.jsonio import write_json
-from perception.overlay import draw_decoded
+from perception.core.atomic import atomic_write_text
+from perception.core.calibration import Calibration
+from perception.core.draw import SUCCESS_COLOR, caption_image, draw_grasp, label_image, panel
+from perception.core.jsonio import write_json
+from perception.core.overlay import draw_decoded
 
 __all__ = ["write_report", "eval_rows"]
 
@@ -72,8 +72,8 @@ def _bar_plot(rows: list[dict], path: Path, title: str) -> None:
 def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib: Calibration,
             artifact: Path) -> Path | None:
     from adaptation.images import list_real_frames, read_rgb
-    from perception.artifact import PolicyRunner
-    from perception.decode import decode_grasp
+    from perception.core.artifact import PolicyRunner
+    from perception.core.decode import decode_grasp
     from policies.eval_adapters import OnnxPolicy
     from sim_render.panel import save_png
     from sim_render.reader import SimFrameDataset

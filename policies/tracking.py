@@ -86,7 +86,7 @@ class TrainLogger:
         if run is None or run is self.outer_run:
             return
         if self.id_file is not None:
-            from perception.atomic import atomic_write_text
+            from perception.core.atomic import atomic_write_text
 
             atomic_write_text(self.id_file, f"{run.id}\n")
         run.finish(exit_code=1 if failed else 0)

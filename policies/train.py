@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from conf import policy_default
-from perception.atomic import atomic_write_text
-from perception.jsonio import write_json
+from perception.core.atomic import atomic_write_text
+from perception.core.jsonio import write_json
 from policies.data import TranslateFn, make_policy_datasets
 from policies.module import GraspPolicyModule
 
@@ -65,7 +65,7 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    from perception.rule import CHECK_OPTIONS, rule_options
+    from perception.core.rule import CHECK_OPTIONS, rule_options
 
     decode = pcfg.get("decode") or {}
     rule = decode.get("rule")
@@ -317,7 +317,7 @@ def load_translator(path: str | Path) -> TranslateFn:
 
 @hydra.main(config_path="pkg://conf", config_name="train_policy", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
-    from perception.calibration import CalibrationError
+    from perception.core.calibration import CalibrationError
 
     logging.basicConfig(level=logging.INFO)
     try:
@@ -341,12 +341,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cliutil import arg_value, fail
+    from perception.core.cliutil import arg_value, fail
 
     if arg_value(sys.argv[1:], "resume") is not None or arg_value(sys.argv[1:], "+resume") is not None:
         fail("sim2real-train-policy", "resume= is now ckpt_path=, as in sim2real-adapt: ckpt_path=last (this "
              "output_dir's checkpoints/last.ckpt) or ckpt_path=FILE.ckpt")
-    from perception.cli import hydra_command_checks
+    from perception.core.cli import hydra_command_checks
 
     hydra_command_checks("train_policy", "sim2real-train-policy", __doc__ or "", sys.argv[1:])
     _hydra_main()

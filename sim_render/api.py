@@ -88,7 +88,7 @@ def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple
         ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
         if not ok:
             raise OSError(f"could not encode {path}")
-        from perception.atomic import atomic_write_bytes
+        from perception.core.atomic import atomic_write_bytes
 
         atomic_write_bytes(path, buf.tobytes())
         paths.append(path)
@@ -106,7 +106,7 @@ def render_cell_frames(
     the objects changing from frame to frame. What ``sim2real-calibrate refine`` is
     tested and measured on (an error injected into the calibration it is handed).
     """
-    from perception.imageio import write_image
+    from perception.core.imageio import write_image
     from sim_render.randomization import render_randomized
     from sim_render.scene import SceneRenderer
 

@@ -7,7 +7,7 @@ focal length over a field of view large enough to cover every raw pixel's ray, a
 each raw pixel, its coordinate is undistorted with the calibration's ``K``/``dist``
 into a normalised ray and projected with the pinhole ``K``.
 
-Conventions (see :mod:`perception.frames`): the camera frame is OpenCV's (``x``
+Conventions (see :mod:`perception.core.frames`): the camera frame is OpenCV's (``x``
 right, ``y`` down, ``z`` forward); OpenGL's eye frame is ``x`` right, ``y`` up, ``z``
 backward. Pixel centres are at integer coordinates.
 
@@ -31,8 +31,8 @@ import cv2
 import numpy as np
 import pybullet as p
 
-from perception.calibration import Calibration
-from perception.geometry import undistort_points
+from perception.core.calibration import Calibration
+from perception.core.geometry import undistort_points
 
 __all__ = [
     "RENDERERS",

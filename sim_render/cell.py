@@ -17,7 +17,7 @@ import numpy as np
 import pybullet as p
 from pybullet_utils.bullet_client import BulletClient
 
-from perception.calibration import Calibration
+from perception.core.calibration import Calibration
 
 __all__ = ["CellBodies", "Cell", "BIN_WALL_HEIGHT", "BIN_WALL_THICKNESS"]
 

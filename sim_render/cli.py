@@ -19,9 +19,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from perception.atomic import atomic_write_text
-from perception.calibration import Calibration, CalibrationError, load_calibration
-from perception.cliutil import check_writable_dir_args
+from perception.core.atomic import atomic_write_text
+from perception.core.calibration import Calibration, CalibrationError, load_calibration
+from perception.core.cliutil import check_writable_dir_args
 
 __all__ = ["main", "render", "config_hash", "parse_shard_range"]
 
@@ -128,7 +128,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.cli import hydra_command_checks
+    from perception.core.cli import hydra_command_checks
 
     sys.argv = [sys.argv[0], *_alias_profile(sys.argv[1:])]
     hydra_command_checks("render", "sim2real-render", __doc__ or "", sys.argv[1:])

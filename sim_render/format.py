@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from perception.calibration import Calibration
+from perception.core.calibration import Calibration
 
 __all__ = [
     "ALL_ARRAYS",

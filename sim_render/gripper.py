@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pybullet as p
 
-from perception.frames import (
+from perception.core.frames import (
     GRIPPER_FINGER_HALF_DEPTH,
     GRIPPER_FINGER_HALF_THICKNESS,
     GRIPPER_FINGER_LENGTH,
@@ -26,7 +26,7 @@ from perception.frames import (
     MIN_TIP_CLEARANCE,
     SUCCESS_HEIGHT,
 )
-from perception.grasp import Grasp
+from perception.core.grasp import Grasp
 from sim_render.cell import Cell
 
 __all__ = ["GraspTiming", "GraspOutcome", "FloatingHand"]

@@ -22,9 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
-from perception.grasp import Grasp
-from perception.rule import ABOVE_TIPS, GRASP_DEPTH, WIDTH_MARGIN  # the grasp rule's numbers, stated once
+from perception.core.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
+from perception.core.grasp import Grasp
+from perception.core.rule import (  # the grasp rule's numbers, stated once
+    ABOVE_TIPS,
+    GRASP_DEPTH,
+    WIDTH_MARGIN,
+)
 from sim_render.cell import Cell
 from sim_render.format import SOURCE_HEURISTIC, SOURCE_PERTURBED, SOURCE_RANDOM
 from sim_render.gripper import FINGER_HALF, FloatingHand, GraspTiming

@@ -8,8 +8,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from perception.atomic import atomic_write_bytes
-from perception.draw import draw_grasps, label_image, panel
+from perception.core.atomic import atomic_write_bytes
+from perception.core.draw import draw_grasps, label_image, panel
 
 __all__ = ["labelled_frame", "dataset_panel", "save_png"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from perception.calibration import Calibration
+from perception.core.calibration import Calibration
 from sim_render.format import (
     ALL_ARRAYS,
     FORMAT_VERSION,

@@ -33,8 +33,8 @@ import cv2
 import numpy as np
 import pybullet as p
 
-from perception.calibration import Calibration
-from perception.geometry import raw_pixels_to_rays
+from perception.core.calibration import Calibration
+from perception.core.geometry import raw_pixels_to_rays
 from sim_render.sensor import draw_range
 
 __all__ = ["sample_cast_shadow", "cast_shadow_mask", "apply_cast_shadow", "validate_cast_shadow"]

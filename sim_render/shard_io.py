@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from perception import jsonio
-from perception.atomic import atomic_write_bytes, atomic_write_text
+from perception.core import jsonio
+from perception.core.atomic import atomic_write_bytes, atomic_write_text
 from sim_render.format import (
     ALL_ARRAYS,
     FORMAT_VERSION,
@@ -63,7 +63,7 @@ _ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 _COMPRESSION = {"deflate": (zipfile.ZIP_DEFLATED, 1), "stored": (zipfile.ZIP_STORED, None)}
 
 def to_jsonable(value: Any) -> Any:
-    """Plain JSON types for shard metadata: :func:`perception.jsonio.to_jsonable`, strict
+    """Plain JSON types for shard metadata: :func:`perception.core.jsonio.to_jsonable`, strict
     (a non-finite number or an unknown type is an error: the file is data)."""
     return jsonio.to_jsonable(value, strict=True)
 

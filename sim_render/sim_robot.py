@@ -2,8 +2,8 @@
 
 :class:`SimCell` holds one :class:`~sim_render.cell.Cell` (the calibration's digital twin)
 with objects in the bin and the floating hand. :class:`SimCamera` implements
-:class:`perception.cameras.Camera` by rendering the calibrated camera's raw frame;
-:class:`SimRobot` implements :class:`perception.robots.RobotAdapter` by executing the
+:class:`perception.robot.cameras.Camera` by rendering the calibrated camera's raw frame;
+:class:`SimRobot` implements :class:`perception.robot.robots.RobotAdapter` by executing the
 contract's grasp physically and reporting whether an object was lifted. A successful
 grasp takes the object out of the bin (as a robot would put it away); an empty bin is
 refilled. Both share the cell so that the camera sees what the robot did:
@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from perception.calibration import Calibration, load_calibration
-from perception.cameras.base import Camera, CameraError, Frame
-from perception.robots import GraspRequest, Outcome, RobotAdapter
+from perception.core.calibration import Calibration, load_calibration
+from perception.robot.cameras.base import Camera, CameraError, Frame
+from perception.robot.robots import GraspRequest, Outcome, RobotAdapter
 from sim_render.camera import render_camera
 from sim_render.cell import Cell
 from sim_render.gripper import FloatingHand, GraspTiming, hold_steps_for

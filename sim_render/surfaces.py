@@ -53,8 +53,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from perception.calibration import Calibration
-from perception.geometry import raw_pixels_to_rays
+from perception.core.calibration import Calibration
+from perception.core.geometry import raw_pixels_to_rays
 from sim_render.sensor import as_plain, draw_range, draw_ranges
 
 __all__ = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conf import REMOVED_KEYS
-from perception.cli import check_override_types, compose_config, config_groups, help_text
+from perception.core.cli import check_override_types, compose_config, config_groups, help_text
 
 CONFIGS = ["pipeline", "render", "adapt", "train_policy", "base", "eval", "serve", "grasp_loop", "capture",
            "translate", "calibrate_intrinsics", "calibrate_handeye"]

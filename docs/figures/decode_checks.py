@@ -20,13 +20,13 @@ import cv2
 import numpy as np
 from omegaconf import OmegaConf
 
-from perception.artifact import PolicyRunner
-from perception.decode import decode_grasp
-from perception.draw import FAILURE_COLOR, SUCCESS_COLOR, label_image, panel
-from perception.frames import GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_HALF_THICKNESS
-from perception.geometry import project_points
-from perception.imageio import read_image, write_image
-from perception.rule import DEFAULT_RULE, object_cells
+from perception.core.artifact import PolicyRunner
+from perception.core.decode import decode_grasp
+from perception.core.draw import FAILURE_COLOR, SUCCESS_COLOR, label_image, panel
+from perception.core.frames import GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_HALF_THICKNESS
+from perception.core.geometry import project_points
+from perception.core.imageio import read_image, write_image
+from perception.core.rule import DEFAULT_RULE, object_cells
 
 SCALE = 3  # the top-down view is drawn this many times its size
 CHECKS = ("fingers_clear", "jaws_on_part")

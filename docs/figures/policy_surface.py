@@ -4,7 +4,7 @@
         [--frames 0 97 194 388] [--out docs/images/policy_surface.png]
 
 Per frame (table view): the view image, the surface rebuilt from the rendered depth (the
-training target), the predicted surface, and the cells where perception.rule finds a grasp
+training target), the predicted surface, and the cells where perception.core.rule finds a grasp
 at some angle on each.
 """
 
@@ -16,10 +16,10 @@ import cv2
 import numpy as np
 import torch
 
-from perception.draw import label_image, panel
-from perception.geometry import NetworkView
-from perception.imageio import write_image
-from perception.rule import fitting_grasps, object_cells
+from perception.core.draw import label_image, panel
+from perception.core.geometry import NetworkView
+from perception.core.imageio import write_image
+from perception.core.rule import fitting_grasps, object_cells
 from policies.data import PolicyFrames
 from policies.module import GraspPolicyModule
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.imageio import write_image
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.imageio import write_image
 from policies.evaluate import load_profile
 from sim_render.randomization import render_randomized
 from sim_render.scene import SceneRenderer

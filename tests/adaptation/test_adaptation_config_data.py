@@ -9,9 +9,9 @@ import torch
 from adaptation.data import AdaptDataModule
 from adaptation.module import CycleGANModule
 from adaptation.train import build_logger, compose_config
-from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import network_view
-from perception.preprocess import preprocess, preprocess_labels
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.geometry import network_view
+from perception.core.preprocess import preprocess, preprocess_labels
 
 
 @pytest.mark.parametrize("adaptation", ["cyclegan", "cyclegan_resnet9", "cut"])

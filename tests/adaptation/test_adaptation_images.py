@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from adaptation.images import RealFrames, RealFramesError, load_real_frames, read_rgb
-from perception.calibration import Calibration, default_calibration_path
+from perception.core.calibration import Calibration, default_calibration_path
 
 
 @pytest.fixture

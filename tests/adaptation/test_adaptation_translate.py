@@ -64,7 +64,7 @@ def test_translate_rejects_non_rgb8(gen_dir):
 
 
 def test_translator_pickles_into_workers_and_starts_from_raw(gen_dir):
-    from perception.calibration import Calibration, default_calibration_path
+    from perception.core.calibration import Calibration, default_calibration_path
 
     tr = pickle.loads(pickle.dumps(Translator(gen_dir)))
     assert tr._net is None

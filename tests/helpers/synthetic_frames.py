@@ -9,9 +9,9 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from perception.calibration import Calibration
-from perception.geometry import project_points
-from perception.grasp import normalize_angle
+from perception.core.calibration import Calibration
+from perception.core.geometry import project_points
+from perception.core.grasp import normalize_angle
 from sim_render.format import (
     SEG_BACKGROUND,
     SEG_BIN,

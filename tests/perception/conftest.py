@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.imageio import encode_image
-from perception.testing import free_port, make_test_artifact, make_test_frame
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.imageio import encode_image
+from perception.core.testing import free_port, make_test_artifact, make_test_frame
 
 
 @pytest.fixture(scope="session")
@@ -40,10 +40,10 @@ def jpeg_bytes(frame) -> bytes:
 
 
 class ThreadServer:
-    """The service's own server (perception.server.make_server) in a thread on 127.0.0.1 (a real socket)."""
+    """The service's own server (perception.robot.server.make_server) in a thread on 127.0.0.1 (a real socket)."""
 
     def __init__(self, app) -> None:
-        from perception.server import ServerLimits, make_server
+        from perception.robot.server import ServerLimits, make_server
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -68,7 +68,7 @@ class ThreadServer:
 @pytest.fixture(scope="module")
 def live_server(artifact_dir):
     """The service with token 's3cret' on a real port (module-scoped)."""
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     app = create_app(artifact_dir, token="s3cret", max_body_bytes=10 * 1024 * 1024, max_concurrency=2,
                      intra_op_num_threads=1)

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.artifact import ArtifactError, PolicyRunner, calibration_drift, load_metadata
-from perception.decode import decode_grasp, grasp_in_workspace
-from perception.frames import GRIPPER_MAX_WIDTH
-from perception.geometry import project_points
-from perception.grasp import normalize_angle
-from perception.testing import make_test_artifact, make_test_frame
+from perception.core.artifact import ArtifactError, PolicyRunner, calibration_drift, load_metadata
+from perception.core.decode import decode_grasp, grasp_in_workspace
+from perception.core.frames import GRIPPER_MAX_WIDTH
+from perception.core.geometry import project_points
+from perception.core.grasp import normalize_angle
+from perception.core.testing import make_test_artifact, make_test_frame
 
 
 def test_metadata_round_trip(artifact_dir, calib):
@@ -151,7 +151,7 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
     """Over random maps, both view kinds and the decode options (the grasp rule on a random
     surface included), a returned grasp is always inside the workspace, with a normalised
     yaw and an opening the gripper can make."""
-    from perception.geometry import make_view
+    from perception.core.geometry import make_view
 
     view = make_view(calib, (40, 32), kind)
     rng = np.random.default_rng(seed)
@@ -168,7 +168,7 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
         assert dec.reason
         return
     if on_part is not None:  # on a part of the predicted surface, or within on_part pixels of one
-        from perception.rule import OBJECT_HEIGHT
+        from perception.core.rule import OBJECT_HEIGHT
 
         u, v = (int(c) for c in dec.view_pixel)
         patch = surface[max(v - on_part, 0):v + on_part + 1, max(u - on_part, 0):u + on_part + 1]
@@ -187,7 +187,7 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
 def test_decode_neighbourhood_prefers_a_broad_peak_and_width_margin_opens(calib):
     """neighbourhood_px scores a grasp by its worst neighbour: a lone spike loses to a
     slightly lower plateau; width_margin widens the opening up to the gripper's limit."""
-    from perception.geometry import table_view
+    from perception.core.geometry import table_view
 
     view = table_view(calib, (48, 48))
     q = np.full((4, 48, 48), 0.1, np.float32)
@@ -208,7 +208,7 @@ def test_on_part_answers_null_on_an_empty_bin_and_keeps_grasps_on_parts(calib):
     """decode.on_part_px: a surface with no part (a bare floor, however good the quality
     looks) answers no grasp and says why; with a part, the grasp goes to it even where
     the quality peaks on the floor; a speck of surface below min_object_px is no part."""
-    from perception.geometry import network_view, table_view
+    from perception.core.geometry import network_view, table_view
 
     view = table_view(calib, (48, 48))
     q = np.full((4, 48, 48), 0.1, np.float32)
@@ -284,7 +284,7 @@ def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, 
 def test_decode_is_fast(calib):
     import time
 
-    from perception.geometry import network_view
+    from perception.core.geometry import network_view
 
     view = network_view(calib, (224, 224))
     rng = np.random.default_rng(0)
@@ -301,8 +301,8 @@ def test_decode_is_fast(calib):
 def test_perception_imports_no_torch():
     """The robot side never imports torch (nor PyBullet), directly or through imports."""
     code = (
-        "import sys, perception.artifact, perception.decode, perception.service, perception.cameras, "
-        "perception.calibrate, perception.capture, perception.loop, perception.robots, perception.imageio; "
+        "import sys, perception.core.artifact, perception.core.decode, perception.robot.service, perception.robot.cameras, "
+        "perception.robot.calibrate, perception.robot.capture, perception.robot.loop, perception.robot.robots, perception.core.imageio; "
         "bad = [m for m in ('torch', 'pybullet', 'lightning', 'pytorch_lightning', 'kornia') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -319,7 +319,7 @@ def test_conv_artifact_runs(tmp_path, calib):
 
 def test_a_tampered_artifact_does_not_start(tmp_path, artifact_dir, calib, caplog):
     """issue 12: a changed ONNX file, table_z NaN or a widened workspace stop the load; no hash warns."""
-    from perception.artifact import check_calibration
+    from perception.core.artifact import check_calibration
 
     d = tmp_path / "a"
     shutil.copytree(artifact_dir, d)
@@ -349,7 +349,7 @@ def test_a_tampered_artifact_does_not_start(tmp_path, artifact_dir, calib, caplo
 
 
 def test_safety_check_bounds_the_height(calib):
-    from perception.grasp import Grasp
+    from perception.core.grasp import Grasp
 
     x, y = sum(calib.workspace_x) / 2, sum(calib.workspace_y) / 2
     ok = Grasp(position=[x, y, calib.table_z + 0.02], yaw=0.1, width=0.05, quality=0.9)
@@ -362,7 +362,7 @@ def test_safety_check_bounds_the_height(calib):
 def test_the_metadata_writer_writes_only_what_the_loader_reads(tmp_path):
     """One writer for metadata.json (the exporter and the test artifacts): a field the loader
     would refuse stops the write and leaves the file as it was."""
-    from perception.artifact import ArtifactError, load_metadata, write_metadata
+    from perception.core.artifact import ArtifactError, load_metadata, write_metadata
 
     art = make_test_artifact(tmp_path / "art")
     before = (art / "metadata.json").read_bytes()

@@ -16,10 +16,10 @@ import cv2
 import numpy as np
 import pytest
 
-from perception.calibrate import Board, board_pose, detect_board, main, render_board
-from perception.calibration import Calibration
-from perception.frames import invert_transform
-from perception.imageio import write_image
+from perception.core.calibration import Calibration
+from perception.core.frames import invert_transform
+from perception.core.imageio import write_image
+from perception.robot.calibrate import Board, board_pose, detect_board, main, render_board
 
 BOARD = Board(9, 6, 0.03)
 BOARD_ARGS = ["board.cols=9", "board.rows=6", "board.square=0.03"]

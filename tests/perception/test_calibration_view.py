@@ -9,14 +9,14 @@ import logging
 import numpy as np
 import pytest
 
-from perception.calibration import (
+from perception.core.calibration import (
     MIN_WORKSPACE_VISIBLE,
     Calibration,
     CalibrationError,
     default_calibration_path,
 )
-from perception.decode import decode_grasp
-from perception.geometry import project_points, table_view, view_pixels_to_base
+from perception.core.decode import decode_grasp
+from perception.core.geometry import project_points, table_view, view_pixels_to_base
 
 
 def _widened(extra_x: float) -> dict:
@@ -28,13 +28,13 @@ def _widened(extra_x: float) -> dict:
 
 
 def test_the_shipped_camera_sees_its_whole_workspace(caplog):
-    with caplog.at_level(logging.WARNING, logger="perception.calibration"):
+    with caplog.at_level(logging.WARNING, logger="perception.core.calibration"):
         calib = Calibration.load(default_calibration_path())
     assert calib.workspace_visible_share() == 1.0 and not caplog.records
 
 
 def test_a_corner_out_of_view_loads_with_a_warning_and_is_never_grasped(caplog):
-    with caplog.at_level(logging.WARNING, logger="perception.calibration"):
+    with caplog.at_level(logging.WARNING, logger="perception.core.calibration"):
         calib = Calibration.from_dict(_widened(0.3))
     share = calib.workspace_visible_share()
     assert MIN_WORKSPACE_VISIBLE < share < 1.0
@@ -76,7 +76,7 @@ def test_a_workspace_mostly_out_of_view_is_refused():
 
 def test_one_loader_resolves_every_commands_calibration(tmp_path):
     """``calibration=`` null or empty is the packaged camera; a path is that file, checked."""
-    from perception.calibration import calibration_path, load_calibration
+    from perception.core.calibration import calibration_path, load_calibration
 
     assert calibration_path(None) == calibration_path("") == default_calibration_path()
     assert load_calibration().digest() == Calibration.load(default_calibration_path()).digest()

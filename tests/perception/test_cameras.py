@@ -9,7 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
-from perception.cameras import (
+from perception.core.imageio import write_image
+from perception.robot.cameras import (
     Camera,
     CameraError,
     EndOfStream,
@@ -20,7 +21,6 @@ from perception.cameras import (
     ThreadedCamera,
     open_camera,
 )
-from perception.imageio import write_image
 
 W, H = 160, 120
 

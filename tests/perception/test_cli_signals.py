@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from perception.imageio import write_image
-from perception.testing import free_port, make_test_frame, wait_until_healthy
+from perception.core.imageio import write_image
+from perception.core.testing import free_port, make_test_frame, wait_until_healthy
 
 BIN = Path(sys.executable).parent
 
@@ -25,7 +25,7 @@ def _serve(args, **kw):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_contract_command_line_and_signals(artifact_dir, png_bytes, sig, tmp_path):
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
 
     port = free_port()
     proc = _serve([f"artifact={artifact_dir}", f"calibration={default_calibration_path()}", "host=127.0.0.1",

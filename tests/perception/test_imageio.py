@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from perception.imageio import ImageDecodeError, ImageSizeError, decode_image, encode_image, peek_size
+from perception.core.imageio import ImageDecodeError, ImageSizeError, decode_image, encode_image, peek_size
 
 
 def _png(arr: np.ndarray) -> bytes:
@@ -63,7 +63,7 @@ def test_atomic_files_respect_the_umask(tmp_path):
     import os
     import stat
 
-    from perception.atomic import atomic_write_text
+    from perception.core.atomic import atomic_write_text
 
     old = os.umask(0o022)
     try:

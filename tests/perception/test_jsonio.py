@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from perception.jsonio import dumps_json, to_jsonable, write_json
+from perception.core.jsonio import dumps_json, to_jsonable, write_json
 
 
 def _strict_loads(text: str):

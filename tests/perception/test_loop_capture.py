@@ -12,14 +12,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from perception.artifact import PolicyRunner
-from perception.cameras import ReplayCamera, ThreadedCamera
-from perception.capture import main as capture_main
-from perception.imageio import read_image, write_image
-from perception.loop import GraspLoop, LoopConfig, load_attempts
-from perception.loop import main as loop_main
-from perception.recording import Recording
-from perception.robots import (
+from perception.core.artifact import PolicyRunner
+from perception.core.imageio import read_image, write_image
+from perception.core.recording import Recording
+from perception.core.testing import make_test_frame, send_json
+from perception.robot.cameras import ReplayCamera, ThreadedCamera
+from perception.robot.capture import main as capture_main
+from perception.robot.loop import GraspLoop, LoopConfig, load_attempts
+from perception.robot.loop import main as loop_main
+from perception.robot.robots import (
     DryRunRobot,
     GraspRequest,
     HttpCallbackRobot,
@@ -27,7 +28,6 @@ from perception.robots import (
     RobotError,
     make_robot,
 )
-from perception.testing import make_test_frame, send_json
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def frames_dir(tmp_path, calib):
 
 
 def test_capture_cli(tmp_path, frames_dir, capsys):
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
 
     out = tmp_path / "real"
     assert capture_main([f"camera=replay:{frames_dir}", f"out_dir={out}", "n=6", "interval=0.0",
@@ -56,7 +56,7 @@ def test_capture_cli(tmp_path, frames_dir, capsys):
 def test_capture_refuses_other_size(tmp_path, calib):
     d = tmp_path / "small"
     write_image(d / "a.png", np.zeros((240, 320, 3), np.uint8))
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
 
     with pytest.raises(SystemExit) as e:
         capture_main([f"camera={d}", f"out_dir={tmp_path / 'o'}", "n=2", "interval=0",
@@ -144,7 +144,7 @@ def test_loop_threshold_blocks_everything(artifact_dir, frames_dir, tmp_path):
 
 
 def test_jsonl_robot_protocol():
-    from perception.grasp import Grasp
+    from perception.core.grasp import Grasp
 
     out, inp = io.StringIO(), io.StringIO('{"id": 1, "success": true, "lifted_m": 0.2}\nnot json\n')
     robot = JsonLinesRobot(out=out, inp=inp, timeout=None)
@@ -160,7 +160,7 @@ def test_jsonl_robot_protocol():
 
 
 def test_http_robot_unreachable_and_specs():
-    from perception.grasp import Grasp
+    from perception.core.grasp import Grasp
 
     robot = HttpCallbackRobot("http://127.0.0.1:9/none", timeout=2)
     with pytest.raises(RobotError, match="unreachable"):
@@ -176,7 +176,7 @@ def test_loop_jsonl_subprocess(tmp_path, frames_dir, artifact_dir):
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perception.loop", f"artifact={artifact_dir}", f"camera=replay:{frames_dir}",
+        [sys.executable, "-m", "perception.robot.loop", f"artifact={artifact_dir}", f"camera=replay:{frames_dir}",
          "robot=jsonl", f"out_dir={tmp_path / 'att'}", "max_attempts=2", "rate_hz=20", "settle_s=0", "threads=1"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from perception.imageio import write_image
-from perception.loop import EXIT_STOPPED_FOR_SAFETY, load_attempts
-from perception.loop import main as loop_main
-from perception.testing import make_test_frame, send_json
+from perception.core.imageio import write_image
+from perception.core.testing import make_test_frame, send_json
+from perception.robot.loop import EXIT_STOPPED_FOR_SAFETY, load_attempts
+from perception.robot.loop import main as loop_main
 
 
 class SlowController(BaseHTTPRequestHandler):

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.decode import decode_grasp
-from perception.geometry import make_view
-from perception.online import OnlineResidual
+from perception.core.decode import decode_grasp
+from perception.core.geometry import make_view
+from perception.robot.online import OnlineResidual
 from tests.perception.conftest import ThreadServer
 
 AUTH = {"Authorization": "Bearer s3cret"}
@@ -48,7 +48,7 @@ def test_a_rerank_never_admits_a_grasp_the_network_put_below_its_threshold(calib
 
 
 def test_the_service_learns_online_from_reported_failures(artifact_dir, png_bytes, tmp_path):
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     app = create_app(artifact_dir, token="s3cret", intra_op_num_threads=1, record_dir=tmp_path / "rec",
                      online=True, online_options={"lr": 0.5, "bound": 0.3})

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from perception.recording import (
+from perception.core.recording import (
     ATTEMPTS_FILE,
     OUTCOMES_FILE,
     Recording,
@@ -21,7 +21,7 @@ from perception.recording import (
     load_attempts,
     load_header,
 )
-from perception.testing import free_port, wait_until_healthy
+from perception.core.testing import free_port, wait_until_healthy
 from tests.perception.conftest import ThreadServer
 
 TOKEN = "s3cret"
@@ -76,7 +76,7 @@ def test_a_recording_keeps_one_camera_unique_ids_and_no_torn_line(tmp_path, cali
 
 @pytest.fixture()
 def recording_server(artifact_dir, tmp_path):
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     app = create_app(artifact_dir, token=TOKEN, intra_op_num_threads=1, record_dir=tmp_path / "rec",
                      record_max_attempts=6)
@@ -177,8 +177,8 @@ def test_a_killed_service_restarts_with_every_record_whole_and_new_ids(artifact_
 
 
 def test_a_reported_success_is_not_avoided_a_reported_failure_is(calib, frame):
-    from perception.grasp import Grasp
-    from perception.repeats import RepeatGuard
+    from perception.core.grasp import Grasp
+    from perception.core.repeats import RepeatGuard
 
     guard = RepeatGuard(calib, {"memory": 8})
     fp = guard.fingerprint(frame)

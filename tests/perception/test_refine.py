@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perception.calibrate import main
-from perception.calibration import Calibration, default_calibration_path
-from perception.imageio import write_image
-from perception.refine import RefineError, RefineSettings, wall_lines
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.imageio import write_image
+from perception.core.refine import RefineError, RefineSettings, wall_lines
+from perception.robot.calibrate import main
 
 # A fit cut short: these frames have no walls to find, so the search only has to fail.
 QUICK = ["fit.hypotheses=1", "fit.start_heights=1", "fit.scales_px=[3.0]", "fit.restarts=1"]

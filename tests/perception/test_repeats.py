@@ -1,4 +1,4 @@
-"""A grasp that just failed on an unchanged scene is not answered again (perception/repeats.py)."""
+"""A grasp that just failed on an unchanged scene is not answered again (perception/core/repeats.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.decode import decode_grasp
-from perception.geometry import make_view, project_points
-from perception.grasp import Grasp, normalize_angle
-from perception.imageio import encode_image
-from perception.repeats import DEFAULT_REPEATS, RepeatGuard, frame_fingerprint, moved_blocks, repeat_options
-from perception.testing import make_test_frame
+from perception.core.decode import decode_grasp
+from perception.core.geometry import make_view, project_points
+from perception.core.grasp import Grasp, normalize_angle
+from perception.core.imageio import encode_image
+from perception.core.repeats import (
+    DEFAULT_REPEATS,
+    RepeatGuard,
+    frame_fingerprint,
+    moved_blocks,
+    repeat_options,
+)
+from perception.core.testing import make_test_frame
 
 RADIUS, YAW = DEFAULT_REPEATS["radius"], math.radians(DEFAULT_REPEATS["yaw_deg"])
 
@@ -125,7 +131,7 @@ def test_service_answers_another_grasp_on_an_unchanged_scene(calib, artifact_dir
     """A real server on loopback: the same scene (new sensor noise each frame) gets a new
     grasp, or null when every good one failed; a change where the grasp was brings it back.
     The memory is in /v1/info and /metrics; repeats.memory=0 answers every frame alike."""
-    from perception.service import create_app
+    from perception.robot.service import create_app
     from tests.perception.conftest import ThreadServer
 
     def ask(url, rgb):
@@ -166,7 +172,7 @@ class _FailingRobot:
         self.requests = []
 
     def execute(self, request):
-        from perception.robots import Outcome
+        from perception.robot.robots import Outcome
 
         self.requests.append(request)
         return Outcome(False)
@@ -179,11 +185,11 @@ def test_loop_hands_over_a_failed_grasp_once_on_an_unchanged_scene(tmp_path, cal
     """sim2real-grasp-loop on a replayed camera showing one scene (new noise every frame):
     with a robot reporting failures, no grasp is handed over twice; a dry run (nothing
     executed) hands over the same grasp every step."""
-    from perception.artifact import PolicyRunner
-    from perception.cameras import ReplayCamera, ThreadedCamera
-    from perception.imageio import write_image
-    from perception.loop import GraspLoop, LoopConfig
-    from perception.robots import DryRunRobot
+    from perception.core.artifact import PolicyRunner
+    from perception.core.imageio import write_image
+    from perception.robot.cameras import ReplayCamera, ThreadedCamera
+    from perception.robot.loop import GraspLoop, LoopConfig
+    from perception.robot.robots import DryRunRobot
 
     d = tmp_path / "cam"
     for i in range(6):
@@ -207,8 +213,8 @@ def test_loop_hands_over_a_failed_grasp_once_on_an_unchanged_scene(tmp_path, cal
 
 def test_bad_settings_stop_both_commands_with_a_message(tmp_path, artifact_dir, capsys):
     """A bad repeats.* is a message and exit 2 at start, in the loop before any camera opens."""
-    from perception.loop import main as loop_main
-    from perception.service import main as serve_main
+    from perception.robot.loop import main as loop_main
+    from perception.robot.service import main as serve_main
 
     for main, extra in ((loop_main, ["camera=replay:/nonexistent", "robot=dry", f"out_dir={tmp_path}"]),
                         (serve_main, [])):

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from perception.testing import free_port, wait_until_healthy
+from perception.core.testing import free_port, wait_until_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +44,8 @@ def test_minimal_robot_venv_serves(tmp_path, artifact_dir, png_bytes):
     subprocess.run(["make", "-C", str(src), "install-robot", f"ROBOT_VENV={venv}", f"PYTHON={sys.executable}"],
                    check=True, timeout=1500, env=env)
     # Nothing of the training stack is installed, and the robot side imports without it.
-    code = ("import importlib.util as u, sys, perception.service, perception.loop, perception.calibrate, "
-            "perception.capture, perception.cameras; "
+    code = ("import importlib.util as u, sys, perception.robot.service, perception.robot.loop, perception.robot.calibrate, "
+            "perception.robot.capture, perception.robot.cameras; "
             "assert u.find_spec('torch') is None and u.find_spec('pybullet') is None, 'training stack present'; "
             "assert 'torch' not in sys.modules; "
             # package data travels in a non-editable install: the pretrained policy base too
@@ -53,6 +53,11 @@ def test_minimal_robot_venv_serves(tmp_path, artifact_dir, png_bytes):
             "'grasp_base_v1.pt').is_file(), 'the shipped policy base is missing'; print('ok')")
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    # The simulated cell is registered (sim_render is in the package) but cannot load here:
+    # a message and exit 2, not a traceback.
+    r = subprocess.run([str(venv / "bin" / "sim2real-grasp-loop"), f"artifact={artifact_dir}", "camera=sim", "robot=sim"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "needs the full install" in r.stderr and "Traceback" not in r.stderr, r.stderr
     port = free_port()
     proc = subprocess.Popen([str(venv / "bin" / "sim2real-serve"), f"artifact={artifact_dir}", f"port={port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)

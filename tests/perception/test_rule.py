@@ -1,4 +1,4 @@
-"""The grasp rule on a top-down surface (perception/rule.py) and the decode that uses it."""
+"""The grasp rule on a top-down surface (perception/core/rule.py) and the decode that uses it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import shutil
 import numpy as np
 import pytest
 
-from perception.artifact import ArtifactError, load_metadata
-from perception.decode import decode_grasp
-from perception.frames import GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_MAX_WIDTH
-from perception.geometry import make_view, table_view, view_pixels_to_base
-from perception.grasp import angle_bin_centers, normalize_angle, view_grasp_to_base
-from perception.rule import (
+from perception.core.artifact import ArtifactError, load_metadata
+from perception.core.decode import decode_grasp
+from perception.core.frames import GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_MAX_WIDTH
+from perception.core.geometry import make_view, table_view, view_pixels_to_base
+from perception.core.grasp import angle_bin_centers, normalize_angle, view_grasp_to_base
+from perception.core.rule import (
     ABOVE_TIPS,
     GRASP_DEPTH,
     WIDTH_MARGIN,
@@ -96,7 +96,7 @@ def test_support_prefers_the_middle_of_a_part_and_is_bounded():
 
 @pytest.fixture(scope="module")
 def calib():
-    from perception.calibration import Calibration, default_calibration_path
+    from perception.core.calibration import Calibration, default_calibration_path
 
     return Calibration.load(default_calibration_path())
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import project_points
-from perception.imageio import encode_image
-from perception.testing import make_test_frame
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.geometry import project_points
+from perception.core.imageio import encode_image
+from perception.core.testing import make_test_frame
 
 AUTH = {"Authorization": "Bearer s3cret"}
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
@@ -185,7 +185,7 @@ def test_concurrent_clients_match_sequential(live_server, calib):
 def test_background_load_reports_503_then_ok(artifact_dir, png_bytes):
     from fastapi.testclient import TestClient
 
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     app = create_app(artifact_dir, background_load=True)
     c = TestClient(app)  # no lifespan: the model never loads
@@ -205,7 +205,7 @@ def test_background_load_reports_503_then_ok(artifact_dir, png_bytes):
 def test_no_token_means_open(artifact_dir, png_bytes):
     from fastapi.testclient import TestClient
 
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     c = TestClient(create_app(artifact_dir, token=None))
     assert c.post("/v1/grasp", content=png_bytes, headers={"Content-Type": "image/png"}).status_code == 200
@@ -214,7 +214,7 @@ def test_no_token_means_open(artifact_dir, png_bytes):
 def test_threshold_one_gives_null_grasp(artifact_dir, png_bytes):
     from fastapi.testclient import TestClient
 
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     c = TestClient(create_app(artifact_dir, quality_threshold=1.0))
     ans = c.post("/v1/grasp", content=png_bytes, headers={"Content-Type": "image/jpeg"}).json()
@@ -222,8 +222,8 @@ def test_threshold_one_gives_null_grasp(artifact_dir, png_bytes):
 
 
 def test_refuses_to_start_on_other_image_size(artifact_dir, calib, tmp_path):
-    from perception.artifact import ArtifactError
-    from perception.service import create_app
+    from perception.core.artifact import ArtifactError
+    from perception.robot.service import create_app
 
     path = tmp_path / "small.json"
     calib.scaled((320, 240)).save(path)
@@ -234,7 +234,7 @@ def test_refuses_to_start_on_other_image_size(artifact_dir, calib, tmp_path):
 def test_drift_is_reported(artifact_dir, calib, tmp_path, caplog):
     from fastapi.testclient import TestClient
 
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     T = calib.T_base_camera.copy()
     T[2, 3] += 0.02

@@ -1,6 +1,6 @@
 """The service under slow, idle and hostile clients (issue 12), over real sockets on loopback.
 
-Each case was seen to starve or break the service before ``perception.server``; each test
+Each case was seen to starve or break the service before ``perception.robot.server``; each test
 reproduces it (bounded in count and time) and checks that a normal frame still gets its
 ``200``. The fast ones run the app in a thread with small limits; the slow tier runs the
 real ``sim2real-serve`` process.
@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from perception.imageio import jpeg_scan_count
-from perception.server import AcceptLogFilter, ServerLimits, ServerStats
-from perception.testing import free_port, scan_bomb_jpeg, wait_until_healthy
+from perception.core.imageio import jpeg_scan_count
+from perception.core.testing import free_port, scan_bomb_jpeg, wait_until_healthy
+from perception.robot.server import AcceptLogFilter, ServerLimits, ServerStats
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,7 +68,7 @@ def _read_status(s: socket.socket, timeout: float) -> int | None:
 @pytest.fixture()
 def limited(artifact_dir):
     """The service in a thread with small limits: 4 connections, 1 inference + 1 queued, 0.5 s timeouts."""
-    from perception.service import create_app
+    from perception.robot.service import create_app
     from tests.perception.conftest import ThreadServer
 
     limits = ServerLimits(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=4, max_queue=1,
@@ -136,7 +136,7 @@ def test_idle_connections_cannot_lock_out_a_frame(limited, png_bytes):
 
 
 def test_connection_limit_answers_503_when_every_connection_is_busy(artifact_dir, png_bytes):
-    from perception.service import create_app
+    from perception.robot.service import create_app
     from tests.perception.conftest import ThreadServer
 
     limits = ServerLimits(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=2, max_queue=1)
@@ -176,7 +176,7 @@ def test_slow_uploads_give_their_place_to_a_frame(limited, png_bytes):
 def test_the_queue_is_full_only_when_every_body_has_arrived():
     import anyio
 
-    from perception.service import _Gate
+    from perception.robot.service import _Gate
 
     async def check():
         gate = _Gate(2)
@@ -205,7 +205,7 @@ def test_jpeg_scans_are_counted_before_decoding(limited, frame):
 
 
 def test_shutdown_answers_what_waits_with_503(artifact_dir, png_bytes):
-    from perception.service import create_app
+    from perception.robot.service import create_app
     from tests.perception.conftest import ThreadServer
 
     limits = ServerLimits(body_timeout_s=30, shutdown_timeout_s=2.0)
@@ -222,7 +222,7 @@ def test_shutdown_answers_what_waits_with_503(artifact_dir, png_bytes):
 
 
 def test_settings_are_validated(artifact_dir):
-    from perception.service import create_app
+    from perception.robot.service import create_app
 
     with pytest.raises(ValueError, match=r"limits\.max_queue must be > 0"):
         ServerLimits.from_config({"max_queue": 0})
@@ -401,7 +401,7 @@ def test_sigterm_under_load_exits_fast_without_500(artifact_dir, png_bytes):
 
 @pytest.mark.slow
 def test_memory_under_a_full_queue_is_bounded(artifact_dir, png_bytes):
-    from perception.testing import resident_memory_bytes
+    from perception.core.testing import resident_memory_bytes
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from perception.imageio import encode_image
-from perception.testing import free_port, make_test_frame, resident_memory_bytes, wait_until_healthy
+from perception.core.imageio import encode_image
+from perception.core.testing import free_port, make_test_frame, resident_memory_bytes, wait_until_healthy
 
 BIN = Path(sys.executable).parent
 CLIENTS, PER_CLIENT = 8, 50

@@ -31,7 +31,7 @@ def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 def tiny_run(tmp_path_factory) -> dict:
     """``sim2real-pipeline calibration=FILE real_dir=DIR output_dir=DIR budget=tiny seed=N``,
     exactly as the contract writes it, on a few stand-in real frames."""
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
     from sim_render.api import export_real_frames, render_dataset
 
     root = tmp_path_factory.mktemp("pipeline")
@@ -69,7 +69,7 @@ def test_pipeline_writes_the_report_and_artifact(tiny_run):
     assert meta["int8"]["frames"] >= 1 and meta["geometry"]["int8"]["onnx"] == "geometry.int8.onnx"
     assert rep["int8"]["entry"]["onnx_sha256"] == meta["int8"]["onnx_sha256"]
     assert "int8" not in json.loads((Path(rep["policy"]["artifact"]) / "metadata.json").read_text())
-    from perception.artifact import PolicyRunner
+    from perception.core.artifact import PolicyRunner
 
     assert PolicyRunner(out / "artifact", providers=["CPUExecutionProvider"]).precision == "int8"
     md = (out / "report.md").read_text()
@@ -86,8 +86,8 @@ def test_artifact_runs_without_torch_and_matches_torch(tiny_run):
     with the stage's torch checkpoint within 1e-4 on real frames."""
     out = tiny_run["out"]
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from perception.artifact import PolicyRunner\n"
-            "from perception.testing import make_test_frame\n"
+            "from perception.core.artifact import PolicyRunner\n"
+            "from perception.core.testing import make_test_frame\n"
             f"r = PolicyRunner({str(out / 'artifact')!r})\n"
             "m = r.infer(make_test_frame(r.calib))\n"
             "print(m.quality.shape, r.meta.view.kind, r.meta.decode)\n")
@@ -101,8 +101,8 @@ def test_artifact_runs_without_torch_and_matches_torch(tiny_run):
     ckpt = Path(tiny_run["report"]["policy"]["checkpoint"])
     module = GraspPolicyModule.load_from_checkpoint(ckpt, map_location="cpu")
     flip = bool(module.hparams["config"]["policy"].get("flip_average", False))
-    from perception.artifact import PolicyRunner
-    from perception.testing import make_test_frame
+    from perception.core.artifact import PolicyRunner
+    from perception.core.testing import make_test_frame
 
     runner = PolicyRunner(out / "artifact")
     x = runner.to_input(runner.preprocess(make_test_frame(runner.calib)))
@@ -113,10 +113,10 @@ def test_service_answers_from_the_pipeline_artifact(tiny_run):
     """sim2real-serve on loopback with the contract's command line answers a frame."""
     import httpx
 
-    from perception.calibration import Calibration, default_calibration_path
-    from perception.geometry import project_points
-    from perception.imageio import encode_image
-    from perception.testing import free_port, make_test_frame, wait_until_healthy
+    from perception.core.calibration import Calibration, default_calibration_path
+    from perception.core.geometry import project_points
+    from perception.core.imageio import encode_image
+    from perception.core.testing import free_port, make_test_frame, wait_until_healthy
 
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -156,7 +156,7 @@ def test_eval_cli_on_the_pipeline_artifact(tiny_run, tmp_path):
 def test_rerun_reuses_every_stage_and_task_consistency_builds_on_them(tiny_run):
     """The same command again reuses every stage; with task consistency on, only the new
     stage (and what depends on it) runs, and the artifact comes from it."""
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
 
     out = tiny_run["out"]
     args = [f"calibration={default_calibration_path()}", f"real_dir={tiny_run['real']}", f"output_dir={out}",
@@ -183,7 +183,7 @@ def test_a_moved_output_folder_is_reused_from_its_new_place(tiny_run, tmp_path):
     copied elsewhere a rerun reuses every stage and reads the copies, not the original."""
     import shutil
 
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
 
     moved = tmp_path / "moved"
     shutil.copytree(tiny_run["out"], moved)
@@ -200,7 +200,7 @@ def test_render_stage_hash_follows_the_profile_file(tmp_path):
     conf/render/*.yaml (new ranges) reused frames drawn with the old ones."""
     from omegaconf import OmegaConf
 
-    from perception.calibration import default_calibration_path
+    from perception.core.calibration import default_calibration_path
     from policies.pipeline import _profile_payload, stage_hash
 
     conf = Path(__file__).resolve().parents[2] / "conf" / "render" / "randomized.yaml"
@@ -242,10 +242,10 @@ def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_p
 
     import httpx
 
-    from perception.imageio import encode_image
-    from perception.recording import load_attempts
-    from perception.robots import GraspRequest
-    from perception.testing import free_port, wait_until_healthy
+    from perception.core.imageio import encode_image
+    from perception.core.recording import load_attempts
+    from perception.core.testing import free_port, wait_until_healthy
+    from perception.robot.robots import GraspRequest
     from sim_render.sim_robot import SimCell
 
     out, rec = tiny_run["out"], tmp_path / "rec"
@@ -263,7 +263,7 @@ def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_p
     proc, url = serve(out / "artifact", f"record_dir={rec}", "quality_threshold=0.0")
     cell = SimCell(seed=11)
     try:
-        from perception.grasp import Grasp
+        from perception.core.grasp import Grasp
 
         executed, reasons = 0, []
         with httpx.Client(timeout=30) as c:

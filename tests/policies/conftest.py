@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import make_view
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.geometry import make_view
 
 VIEW_SIZE = (64, 64)  # small views keep the fits fast; the code paths are the same
 

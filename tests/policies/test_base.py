@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from perception.calibration import CalibrationError
+from perception.core.calibration import CalibrationError
 from policies.base import BaseError, base_path, camera_mount, load_base, train_base
 from policies.train import check_policy_config, train_policy
 
@@ -139,8 +139,8 @@ def test_the_shipped_base_loads_without_pickled_code_and_fits_the_default_policy
 def test_the_geometry_network_trains_beside_the_base_and_goes_into_the_artifact(small_base, tmp_path):
     """sim2real-train-base's geometry part (a real Lightning Trainer, two steps), then a policy whose
     artifact carries it: the runner's surface is the one rebuilt from the geometry graph."""
-    from perception.artifact import PolicyRunner, load_metadata
-    from perception.decode import decode_grasp
+    from perception.core.artifact import PolicyRunner, load_metadata
+    from perception.core.decode import decode_grasp
     from policies.geometry import GEOMETRY_FORMAT
     from sim_render.api import compose_config
     from sim_render.reader import SimFrameDataset

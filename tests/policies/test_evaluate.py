@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perception.decode import DecodedGrasp
+from perception.core.decode import DecodedGrasp
 from policies.eval_adapters import OnnxPolicy, TorchPolicy
 from policies.eval_brackets import ObservedRulePolicy, OraclePolicy, RandomPolicy
 from policies.evaluate import evaluate, wilson_interval
@@ -86,7 +86,7 @@ class CentreGrasper:
     uses_pixels = True
 
     def __init__(self, calib):
-        from perception.grasp import Grasp
+        from perception.core.grasp import Grasp
 
         self.grasp = Grasp(position=tuple(calib.workspace_center), yaw=0.0, width=0.08, quality=0.5)
 
@@ -97,7 +97,7 @@ class CentreGrasper:
 def test_observed_rule_bracket_grasps_from_the_seen_surface(calib):
     """The grasp rule on the depth the camera saw (no learned part) lifts most parts:
     the geometry ceiling of the rule decode (~74% over 60 episodes, docs/policy.md)."""
-    from perception.geometry import make_view
+    from perception.core.geometry import make_view
     from policies.evaluate import evaluate_domains
 
     res = evaluate_domains(None, [], calib, 6, seed=0, brackets=["rule_observed"])["brackets"]["rule_observed"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from perception.artifact import PolicyRunner, load_metadata
-from perception.preprocess import IMAGE_MEAN, IMAGE_STD
+from perception.core.artifact import PolicyRunner, load_metadata
+from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD
 from policies.export import ExportError, export_artifact, onnx_torch_max_diff
 from policies.networks import ExportWrapper, GraspNet, count_parameters
 
@@ -90,7 +90,7 @@ def test_metadata_is_what_the_service_reads(tmp_path, calib, view):
     maps = runner.infer(np.zeros((calib.height, calib.width, 3), np.uint8))
     assert maps.quality.shape == (6, view.height, view.width)
     # The runner's input equals to_network_input's (the normalisation is the same).
-    from perception.preprocess import to_network_input
+    from perception.core.preprocess import to_network_input
 
     img = np.random.default_rng(0).integers(0, 256, (view.height, view.width, 3), dtype=np.uint8)
     np.testing.assert_allclose(runner.to_input(img), to_network_input(img), atol=1e-6)

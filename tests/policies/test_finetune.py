@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import make_view
-from perception.grasp import Grasp
-from perception.recording import Recording
-from perception.testing import make_test_frame
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.geometry import make_view
+from perception.core.grasp import Grasp
+from perception.core.recording import Recording
+from perception.core.testing import make_test_frame
 from policies.finetune import (
     FinetuneError,
     RealAttempts,
@@ -29,12 +29,12 @@ def calib() -> Calibration:
 
 def _record(folder, calib, outcomes, calibration_for_header=None):
     """A recording of ``len(outcomes)`` attempts on test frames (``None``: no outcome reported)."""
-    from perception.imageio import encode_image
+    from perception.core.imageio import encode_image
 
     rec = Recording(folder, calibration_for_header or calib, source="serve")
     frame = make_test_frame(calib)
     view = make_view(calib, (96, 96), "table")
-    from perception.grasp import base_grasp_to_view
+    from perception.core.grasp import base_grasp_to_view
 
     for k, success in enumerate(outcomes):
         g = Grasp((0.45 + 0.01 * k, 0.02, calib.table_z + 0.02), 0.3, 0.05, 0.7)

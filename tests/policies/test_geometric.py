@@ -27,7 +27,7 @@ def test_rule_grasps_a_bar_across_not_along():
     assert g["success"][across].all()
     assert not g["success"][along].any()
     # Fingertip height: the top minus the labeller's grasp depth; opening symmetric about the cell.
-    from perception.rule import GRASP_DEPTH
+    from perception.core.rule import GRASP_DEPTH
 
     np.testing.assert_allclose(g["position"][across, 2], 0.03 - GRASP_DEPTH)
     assert (g["width"][across] <= 0.08).all() and (g["width"][across] > 0.02).all()
@@ -58,7 +58,7 @@ def test_projection_and_splat(calib, view):
 
 
 def test_height_grid_of_a_flat_table(calib):
-    from perception.geometry import raw_pixels_to_rays
+    from perception.core.geometry import raw_pixels_to_rays
 
     raw = calib.scaled((160, 120))
     vv, uu = np.mgrid[0:120, 0:160]
@@ -72,9 +72,9 @@ def test_height_grid_of_a_flat_table(calib):
 
 
 def test_the_labellers_dense_rule_agrees_with_the_decodes():
-    """The dense pseudo-labels are perception.rule's verdicts (the decode's rule) at each
+    """The dense pseudo-labels are perception.core.rule's verdicts (the decode's rule) at each
     cell's base position and yaw: the grid's columns are x, its rows y."""
-    from perception.rule import fitting_grasps, object_cells
+    from perception.core.rule import fitting_grasps, object_cells
 
     PX, A = 0.004, 12
     rng = np.random.default_rng(0)

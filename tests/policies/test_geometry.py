@@ -1,4 +1,4 @@
-"""Geometry from RGB (policies/geometry.py, perception.geometry.camera_heights_to_surface): the
+"""Geometry from RGB (policies/geometry.py, perception.core.geometry.camera_heights_to_surface): the
 camera-view targets and the top-down rebuild the deployed decode makes from predicted heights."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from perception.geometry import camera_heights_to_surface, make_view, table_view
-from perception.rule import OBJECT_HEIGHT
+from perception.core.geometry import camera_heights_to_surface, make_view, table_view
+from perception.core.rule import OBJECT_HEIGHT
 from policies.data import table_view_surface
 from policies.geometry import GeometryFrames, geometry_losses, geometry_record
 from policies.networks import GeometryNet

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perception.decode import decode_grasp
-from perception.frames import MIN_TIP_CLEARANCE
-from perception.geometry import base_to_view_pixels, project_points, raw_to_view_pixels
-from perception.grasp import angle_bin_centers, base_grasp_to_view, normalize_angle, view_grasp_to_base
+from perception.core.decode import decode_grasp
+from perception.core.frames import MIN_TIP_CLEARANCE
+from perception.core.geometry import base_to_view_pixels, project_points, raw_to_view_pixels
+from perception.core.grasp import angle_bin_centers, base_grasp_to_view, normalize_angle, view_grasp_to_base
 
 HEIGHTS = [MIN_TIP_CLEARANCE, 0.02, 0.05, 0.09]
 #: Pixel tolerance of round trips (the packaged rotation is orthonormal to full precision).
@@ -37,7 +37,7 @@ def test_view_base_view_round_trip(calib, view, h):
 @pytest.mark.parametrize("h", HEIGHTS)
 def test_raw_pixel_round_trip_through_base(calib, view, h):
     """Base point -> raw pixel (cv2.projectPoints, distortion) -> view pixel -> base at h."""
-    from perception.geometry import view_pixels_to_base
+    from perception.core.geometry import view_pixels_to_base
 
     rng = np.random.default_rng(1)
     pts = np.stack([rng.uniform(*calib.workspace_x, 15), rng.uniform(*calib.workspace_y, 15),
@@ -76,7 +76,7 @@ def test_decode_returns_the_peak_at_its_height(calib, view, h):
 def test_table_view_pixels_are_base_xy_at_every_height(calib):
     """A table view's pixel is a base (x, y): the height never moves a grasp sideways, the
     workspace (plus margin) fills the view, and its axes follow the camera's image."""
-    from perception.geometry import table_view, view_pixels_to_base
+    from perception.core.geometry import table_view, view_pixels_to_base
 
     view = table_view(calib, (96, 96), margin=0.03)
     uv = np.array([[10.0, 20.0], [47.5, 47.5], [90.0, 5.0]])
@@ -99,8 +99,8 @@ def test_table_view_warp_puts_a_table_point_on_its_pixel(calib):
     """preprocess with a table view samples each view pixel where its plane point projects."""
     import cv2
 
-    from perception.geometry import table_view
-    from perception.preprocess import preprocess
+    from perception.core.geometry import table_view
+    from perception.core.preprocess import preprocess
 
     view = table_view(calib, (96, 96), plane_height=0.0)
     W, H = calib.image_size
@@ -113,8 +113,8 @@ def test_table_view_warp_puts_a_table_point_on_its_pixel(calib):
     centroid = np.array([(uu * out).sum(), (vv * out).sum()]) / out.sum()
     np.testing.assert_allclose(centroid, base_to_view_pixels(pt, calib, view)[0], atol=0.5)
     # The cached remap maps are the plane points' projections (cv2.projectPoints).
-    from perception.geometry import view_to_raw_pixels
-    from perception.preprocess import view_maps
+    from perception.core.geometry import view_to_raw_pixels
+    from perception.core.preprocess import view_maps
 
     m1, m2 = view_maps(calib, view)
     vv, uu = np.mgrid[0:96, 0:96]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from perception.artifact import ArtifactError, PolicyRunner, load_metadata
-from perception.geometry import make_view
+from perception.core.artifact import ArtifactError, PolicyRunner, load_metadata
+from perception.core.geometry import make_view
 from policies.export import export_artifact
 from policies.int8 import Int8Error, add_int8_graphs
 from policies.networks import GraspNet
@@ -104,9 +104,9 @@ def test_the_service_runs_the_int8_graphs_and_refuses_a_precision_it_cannot_give
 
     import httpx
 
-    from perception.calibration import default_calibration_path
-    from perception.imageio import encode_image
-    from perception.testing import free_port, wait_until_healthy
+    from perception.core.calibration import default_calibration_path
+    from perception.core.imageio import encode_image
+    from perception.core.testing import free_port, wait_until_healthy
 
     serve = Path(sys.executable).parent / "sim2real-serve"
     float_art = _artifact(tmp_path / "float", calib)

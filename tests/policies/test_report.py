@@ -5,7 +5,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from perception.draw import caption_image
+from perception.core.draw import caption_image
 from policies.report import _bar_plot, adaptation_section, eval_rows, verdict
 
 

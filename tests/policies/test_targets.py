@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from perception.frames import MIN_TIP_CLEARANCE
-from perception.geometry import project_points
-from perception.grasp import Grasp, angle_to_bin, base_grasp_to_view
-from perception.rule import GRASP_DEPTH
+from perception.core.frames import MIN_TIP_CLEARANCE
+from perception.core.geometry import project_points
+from perception.core.grasp import Grasp, angle_to_bin, base_grasp_to_view
+from perception.core.rule import GRASP_DEPTH
 from policies.data import (
     PolicyFrames,
     build_targets,
@@ -51,7 +51,7 @@ def test_surface_height_of_a_flat_table(calib, view):
     """A depth image of the plane z = 0.02 gives that height at every view pixel it covers."""
     raw = calib.scaled((160, 120))
     vv, uu = np.mgrid[0:120, 0:160]
-    from perception.geometry import raw_pixels_to_rays
+    from perception.core.geometry import raw_pixels_to_rays
 
     rays = raw_pixels_to_rays(np.stack([uu.ravel(), vv.ravel()], 1), raw)
     R, t = raw.T_base_camera[:3, :3], raw.T_base_camera[:3, 3]
@@ -163,7 +163,7 @@ def test_split_by_scene_keeps_scenes_whole(rendered):
 
 
 def test_hflip_mirrors_pixels_and_angle_bins():
-    from perception.grasp import angle_bin_centers, normalize_angle
+    from perception.core.grasp import angle_bin_centers, normalize_angle
     from policies.data import augment_item
 
     H, W = 16, 20
@@ -204,7 +204,7 @@ def test_shift_moves_image_and_targets_together():
 def test_table_view_surface_rebuilds_a_box_top_down(calib):
     """A 4 cm box on the table, seen obliquely: the top-down surface puts its top over its
     footprint (not where the image shows it), the table around it, and nothing behind it."""
-    from perception.geometry import base_to_view_pixels, raw_pixels_to_rays, table_view
+    from perception.core.geometry import base_to_view_pixels, raw_pixels_to_rays, table_view
     from policies.data import table_view_surface
 
     raw = calib.scaled((320, 240))
@@ -234,7 +234,7 @@ def test_what_a_dataset_is_not_given_is_the_configs(rendered, calib):
     is not given are conf/policy/default.yaml's (the code once said 128 px and a camera view
     where the config said 96 px and the top-down one)."""
     from conf import policy_default
-    from perception.geometry import make_view
+    from perception.core.geometry import make_view
 
     ds = PolicyFrames(rendered)
     spec = policy_default("view")

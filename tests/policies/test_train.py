@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from perception.artifact import PolicyRunner
+from perception.core.artifact import PolicyRunner
 from policies.module import GraspPolicyModule
 from policies.train import train_policy
 

@@ -15,7 +15,7 @@ import torch
 from synthetic_frames import SyntheticFrames
 from torch.utils.data import DataLoader
 
-from perception.calibration import Calibration, default_calibration_path
+from perception.core.calibration import Calibration, default_calibration_path
 from sim_render.format import (
     FRAME_ARRAYS,
     GRASP_ARRAYS,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
-from perception.grasp import Grasp
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
+from perception.core.grasp import Grasp
 from sim_render.cell import Cell
 from sim_render.gripper import FloatingHand, GraspTiming
 from sim_render.labels import heuristic_candidates
@@ -84,7 +84,7 @@ def test_perturbed_candidates_are_near_misses_of_heuristic_ones(scene):
     """Half turned (same point and height), half moved 1-2.5 cm (same yaw, the labeller's
     height at the new point), each derived from a heuristic candidate; turning a
     successful bar grasp by 90 degrees (closing along the bar) fails in physics."""
-    from perception.grasp import normalize_angle
+    from perception.core.grasp import normalize_angle
     from sim_render.labels import GRASP_DEPTH, _sample_heights, perturbed_candidates
 
     cell, hand, state = scene

@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 from pybullet_utils.bullet_client import BulletClient
 
-from perception.calibration import Calibration, default_calibration_path
-from perception.geometry import project_points
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.geometry import project_points
 from sim_render.api import compose_config, to_plain
 from sim_render.randomization import (
     add_distractors,

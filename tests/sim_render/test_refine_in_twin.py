@@ -14,9 +14,9 @@ import math
 import numpy as np
 import pytest
 
-from perception.calibrate import main
-from perception.calibration import Calibration, default_calibration_path
-from perception.refine import perturb, pose_change
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.refine import perturb, pose_change
+from perception.robot.calibrate import main
 from sim_render.api import render_cell_frames
 
 

@@ -84,7 +84,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_malformed_calibration_names_the_field(tmp_path):
-    bad = json.loads(Path(__file__).parents[2].joinpath("perception/data/default_calibration.json").read_text())
+    bad = json.loads(Path(__file__).parents[2].joinpath("perception/core/data/default_calibration.json").read_text())
     bad["K"] = [[600, 0, 320], [0, 600, 240]]
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(bad))
@@ -95,7 +95,7 @@ def test_cli_malformed_calibration_names_the_field(tmp_path):
 
 
 def test_cli_workspace_out_of_view_is_refused(tmp_path):
-    bad = json.loads(Path(__file__).parents[2].joinpath("perception/data/default_calibration.json").read_text())
+    bad = json.loads(Path(__file__).parents[2].joinpath("perception/core/data/default_calibration.json").read_text())
     bad["workspace"] = {"x": [2.0, 2.4], "y": [1.0, 1.3]}
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(bad))

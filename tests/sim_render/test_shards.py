@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from synthetic_frames import SyntheticFrames
 
-import perception.atomic
-from perception.calibration import Calibration, default_calibration_path
+import perception.core.atomic
+from perception.core.calibration import Calibration, default_calibration_path
 from sim_render.format import CorruptShardError, DatasetError, FrameRecord
 from sim_render.render_job import OutputDirError, SceneRenderError, WorkerError, render_shards
 from sim_render.shard_io import verify_shard
@@ -259,8 +259,8 @@ def test_full_disk_leaves_no_partial_shard(
         fh = real_fdopen(fd, *args, **kwargs)
         return _FullDisk(fh) if names.get(fd, "").startswith(f".shard-000001.{which}.") else fh
 
-    monkeypatch.setattr(perception.atomic.tempfile, "mkstemp", mkstemp)
-    monkeypatch.setattr(perception.atomic.os, "fdopen", fdopen)
+    monkeypatch.setattr(perception.core.atomic.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(perception.core.atomic.os, "fdopen", fdopen)
     with pytest.raises(OSError, match="no space left on device") as info:
         _render(tmp_path)
     assert info.value.errno == errno.ENOSPC and "shard-000001" in str(info.value)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from perception.cameras import Camera, ThreadedCamera, open_camera
-from perception.grasp import Grasp
-from perception.loop import load_attempts
-from perception.loop import main as loop_main
-from perception.robots import GraspRequest, RobotAdapter
-from perception.testing import make_test_artifact
+from perception.core.grasp import Grasp
+from perception.core.testing import make_test_artifact
+from perception.robot.cameras import Camera, ThreadedCamera, open_camera
+from perception.robot.loop import load_attempts
+from perception.robot.loop import main as loop_main
+from perception.robot.robots import GraspRequest, RobotAdapter
 from sim_render.sim_robot import SimCamera, SimCell, SimRobot
 
 

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from perception.calibration import Calibration, default_calibration_path
+from perception.core.calibration import Calibration, default_calibration_path
 from sim_render.api import compose_config, to_plain
 from sim_render.randomization import render_randomized, validate_profile
 from sim_render.sensor import apply_sensor_params, draw_range, draw_ranges
@@ -175,7 +175,7 @@ def test_surface_coordinates_are_base_coordinates_on_the_table(calib):
     """On a flat table the tri-planar coordinates are the base (x, y) the pixel sees."""
     cam = calib.scaled((160, 120))
     vv, uu = np.mgrid[0:120, 0:160]
-    from perception.geometry import raw_pixel_to_base
+    from perception.core.geometry import raw_pixel_to_base
 
     pts = raw_pixel_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), cam, calib.table_z).reshape(120, 160, 3)
     depth = ((pts - cam.T_base_camera[:3, 3]) @ cam.T_base_camera[:3, :3])[..., 2].astype(np.float32)
@@ -193,7 +193,7 @@ def test_surface_coordinates_are_the_cross_product_formula_bit_for_bit(calib):
     depth += (0.01 * rng.standard_normal((120, 160))).astype(np.float32) * (rng.random((120, 160)) < 0.3)
     coords, footprint = surface_coordinates(depth, cam)
     px, shape, _, _ = _ray_grid(120, 160)
-    from perception.geometry import raw_pixels_to_rays
+    from perception.core.geometry import raw_pixels_to_rays
 
     gu, gv = np.unique(px[:, 0]), np.unique(px[:, 1])
     mu, mv = np.meshgrid(np.interp(np.arange(160), gu, np.arange(len(gu))).astype(np.float32),
@@ -257,7 +257,7 @@ def test_bin_floor_has_its_own_look_and_the_table_keeps_its_colour(scene, calib)
     frame = render_randomized(client, bodies, calib, _rng(2), cfg)
     drawn = frame.params["surface_textures"]
     assert drawn["floor"] is not None and drawn["table"] is None
-    from perception.geometry import raw_pixel_to_base
+    from perception.core.geometry import raw_pixel_to_base
 
     h, w = frame.seg_raw.shape
     vv, uu = np.mgrid[0:h, 0:w]

@@ -1,0 +1,455 @@
+"""Decode the policy's maps into one base-frame grasp (vectorised; runs per request).
+
+The policy predicts, for every view pixel and image-plane angle bin, the probability
+that a top-down grasp centred there succeeds (``quality``), the opening in metres
+(``width``) and the fingertip height above the table in metres (``height``).
+:func:`decode_grasp` picks the best (angle bin, pixel) whose grasp, back-projected at its
+own fingertip height, lies inside the calibration's workspace. Nothing outside the
+workspace is ever returned: that is the service's and the loop's safety guarantee.
+With ``rule`` (an artifact's ``decode.rule``) only grasps that fit the predicted
+``surface`` by the grasp rule of :mod:`perception.core.rule` are candidates. With ``on_part_px``
+(``decode.on_part_px``) only grasps on a part the predicted ``surface`` shows are, and a
+frame whose surface shows no part answers no grasp: a grasp on a bare bin floor is worse
+than none. With ``fingers_clear`` (``decode.fingers_clear``) a grasp whose fingers would come
+down on a part or a wall of the predicted ``surface`` is answered only when no other clears,
+and with ``jaws_on_part`` (``decode.jaws_on_part``) one whose jaws close on too little of a
+part (at its end, on its rim) only when no other meets enough. ``sweep_depth`` raises the
+fingertips over what the predicted surface puts under the fingers, and ``part_centre`` puts a
+grasp across a part's middle before one at its end (both measured, off by default).
+An artifact with a geometry graph (:mod:`perception.core.artifact`) hands in, as
+``surface``, the one rebuilt from the camera-view heights it predicts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from perception.core.calibration import Calibration
+from perception.core.frames import GRIPPER_MAX_WIDTH, MAX_TIP_HEIGHT, MIN_TIP_CLEARANCE
+from perception.core.geometry import NetworkView, project_points, view_pixels_to_base
+from perception.core.grasp import Grasp, angle_bin_centers, normalize_angle, view_grasp_to_base
+from perception.core.repeats import DEFAULT_REPEATS
+from perception.core.rule import (
+    ABOVE_TIPS,
+    DEFAULT_RULE,
+    finger_landing,
+    finger_obstacle,
+    fitting_grasps,
+    jaw_span,
+    object_cells,
+    off_centre,
+    rule_options,
+    support_score,
+)
+
+__all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
+
+#: What a grasp whose finger would land on something loses in the choice (``fingers_clear``):
+#: more than any score's range, so every clear grasp comes first.
+_BLOCKED_SHIFT = 4.0
+#: What a grasp whose jaws meet too little of a part loses (``jaws_on_part``): more than any
+#: quality's range and less than ``_BLOCKED_SHIFT``, so clear fingers still come first.
+_SHALLOW_SHIFT = 2.0
+#: Length in view pixels of the image-plane segment used to turn an angle into a yaw.
+#: Plane-to-image is a homography, so the direction does not depend on it.
+_YAW_SEGMENT_PX = 10.0
+
+
+@dataclass(frozen=True)
+class DecodedGrasp:
+    """Result of :func:`decode_grasp`.
+
+    Attributes:
+        grasp: the grasp in ``B``, or ``None`` when nothing in the workspace is good enough.
+        view_pixel: ``(u, v)`` of the grasp centre in the network's view image.
+        pixel: ``(u, v)`` of ``grasp.position`` projected into the raw (distorted) frame at
+            ``calib.image_size`` (``cv2.projectPoints``).
+        reason: why ``grasp`` is ``None`` (``None`` when a grasp is returned).
+        angle_bin: the chosen image-plane angle bin.
+        view_angle: its angle in the view image (radians, from ``+u`` towards ``+v``).
+    """
+
+    grasp: Grasp | None
+    view_pixel: tuple[float, float] | None
+    pixel: tuple[float, float] | None
+    reason: str | None
+    angle_bin: int | None = None
+    view_angle: float | None = None
+
+    def to_dict(self) -> dict:
+        """The service's answer fields: ``grasp``, ``pixel`` and ``reason``."""
+        return {
+            "grasp": None if self.grasp is None else self.grasp.to_dict(),
+            "pixel": None if self.pixel is None else [float(self.pixel[0]), float(self.pixel[1])],
+            "reason": self.reason,
+        }
+
+
+def grasp_in_workspace(grasp: Grasp, calib: Calibration, margin: float = 0.0) -> bool:
+    """Whether a grasp is safe to hand to the robot: finite, inside the workspace, and with
+    its fingertips between ``MIN_TIP_CLEARANCE`` and ``MAX_TIP_HEIGHT`` above the table."""
+    p = np.asarray(grasp.position, dtype=np.float64)
+    return bool(
+        np.all(np.isfinite(p))
+        and margin >= 0.0
+        and calib.table_z + MIN_TIP_CLEARANCE - 1e-9 <= p[2] <= calib.table_z + MAX_TIP_HEIGHT
+        and math.isfinite(grasp.yaw)
+        and -math.pi / 2 < grasp.yaw <= math.pi / 2
+        and 0.0 <= grasp.width <= GRIPPER_MAX_WIDTH
+        and calib.workspace_x[0] + margin <= p[0] <= calib.workspace_x[1] - margin
+        and calib.workspace_y[0] + margin <= p[1] <= calib.workspace_y[1] - margin
+    )
+
+
+def _none(reason: str) -> DecodedGrasp:
+    return DecodedGrasp(grasp=None, view_pixel=None, pixel=None, reason=reason)
+
+
+def decode_grasp(
+    quality: np.ndarray,
+    width: np.ndarray,
+    height: np.ndarray,
+    calib: Calibration,
+    view: NetworkView,
+    threshold: float,
+    workspace_margin: float = 0.0,
+    neighbourhood_px: int = 0,
+    width_margin: float = 0.0,
+    surface: np.ndarray | None = None,
+    rule: dict | None = None,
+    on_part_px: int | None = None,
+    fingers_clear: float | None = None,
+    jaws_on_part: float | None = None,
+    sweep_depth: float | None = None,
+    part_centre: float | None = None,
+    avoid: Sequence[Grasp] = (),
+    avoid_radius: float = DEFAULT_REPEATS["radius"],
+    avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
+    rerank: np.ndarray | None = None,
+) -> DecodedGrasp:
+    """Pick the best grasp inside the workspace from the policy's maps.
+
+    Args:
+        quality: ``(A, H, W)`` success probability per angle bin (bin centres
+            :func:`perception.core.grasp.angle_bin_centers`).
+        width: ``(H, W)`` predicted opening, metres (clipped to ``[0, 0.08]``).
+        height: ``(H, W)`` predicted fingertip height above ``table_z``, metres.
+        calib: the serving camera (pose, workspace, intrinsics for ``pixel``).
+        view: the network's view.
+        threshold: minimum quality; below it no grasp is returned.
+        workspace_margin: metres by which the workspace is shrunk on every side.
+        neighbourhood_px: ``r > 0`` scores each (angle, pixel) by the *lowest* quality in
+            its ``(2r+1)^2`` neighbourhood (a grey erosion per angle bin): a grasp is chosen
+            where its neighbours are good too, so a pixel or two of localisation error, or
+            an isolated spike of the map on a part's edge, does not decide the attempt.
+        width_margin: metres added to the predicted opening (clipped to the gripper's
+            0.08 m): the descent is guarded, and an opening a little wide rarely hurts
+            while one a little narrow lands a finger on the part.
+        surface: ``(H, W)`` predicted surface above ``table_z``, metres (needed by ``rule``).
+        rule: options of the grasp rule (:data:`perception.core.rule.DEFAULT_RULE`; ``None``:
+            off; table views only). Only grasps that fit the predicted surface
+            (:func:`perception.core.rule.fitting_grasps`) are candidates; each scores
+            ``support * quality ** quality_power`` (:func:`perception.core.rule.support_score`),
+            ``threshold`` applies to that score, and the grasp takes the rule's fingertip
+            height and opening (plus ``width_margin``).
+        on_part_px: ``None``: off. Otherwise a grasp centre must lie within this many view
+            pixels of a part of the predicted ``surface`` (:func:`perception.core.rule.object_cells`
+            with the rule's defaults: higher than ``OBJECT_HEIGHT`` above the table, at least
+            ``min_object_px`` cells, inside the workspace clear of the walls); with no part
+            at all the answer is no grasp, with the reason that the bin looks empty. Table
+            views only.
+        fingers_clear: ``None``: off. Otherwise a grasp whose either finger, coming down
+            opened as answered, would land with more than this share of its footprint on
+            something standing in the predicted ``surface`` (a part or a wall:
+            :func:`perception.core.rule.object_cells` over the whole view,
+            :func:`perception.core.rule.finger_landing`) is chosen only when no grasp at or above
+            ``threshold`` lands clear: it re-ranks and never turns an answer into no grasp.
+            Table views only; not with ``rule`` (whose own test covers the landing).
+        jaws_on_part: ``None``: off. Otherwise a grasp whose jaws, along the line through its
+            centre across the closing direction and as deep as the fingers, meet less than
+            this share of a part of the predicted ``surface`` (:func:`perception.core.rule.jaw_span`
+            on the parts ``on_part_px`` looks for) is chosen only when no grasp at or above
+            ``threshold`` meets enough: a re-rank below ``fingers_clear``'s (clear fingers
+            first), never a null. Table views only; not with ``rule``.
+        sweep_depth: ``None``: off. Otherwise the fingertips of every (angle, pixel) come
+            down to the higher of the network's height and :data:`perception.core.rule.ABOVE_TIPS`
+            over the highest point of the predicted ``surface`` under either finger
+            (:func:`perception.core.rule.finger_obstacle`, opened as answered), and a grasp whose
+            fingertips then stay less than ``sweep_depth`` metres below the surface at its
+            centre (the pads would close on too little of the part) is chosen only when no
+            grasp at or above ``threshold`` can come down clear that deep: a re-rank at
+            ``fingers_clear``'s level, never a null. The answered ``z`` is the raised height.
+            Table views only; not with ``rule``.
+        part_centre: ``None``: off. Otherwise a weight in ``[0, 1]``: every grasp loses that
+            much times how far its centre lies from the centre of its part of the predicted
+            surface (:func:`perception.core.rule.off_centre`: 0 at the part's centroid, 1 at its
+            farthest cell or off it), so that within each check's tier a grasp across a
+            part's middle comes before one at its end of the same quality. Table views only;
+            not with ``rule``.
+        avoid: grasps not to answer (:class:`perception.core.repeats.RepeatGuard`: they just
+            failed on this scene): no candidate whose centre, at its own fingertip height,
+            is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
+            within ``avoid_yaw`` radians (inclusive) of its yaw.
+        rerank: ``(A, H, W)`` shifts added to the quality of the entries at or above
+            ``threshold`` when choosing among them (:class:`perception.robot.online.OnlineResidual`):
+            it re-ranks the network's candidates and never admits one below the threshold;
+            the answered quality stays the network's.
+
+    Returns:
+        :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
+        (angle, pixel) at or above ``threshold`` maps inside the workspace.
+        Non-finite map values never produce a grasp.
+    """
+    q = np.asarray(quality)
+    wmap = np.asarray(width)
+    hmap = np.asarray(height)
+    if q.ndim != 3 or wmap.shape != q.shape[1:] or hmap.shape != q.shape[1:]:
+        raise ValueError(
+            f"maps must be quality (A, H, W), width and height (H, W); got {q.shape}, {wmap.shape}, {hmap.shape}"
+        )
+    A, H, W = q.shape
+    if (W, H) != tuple(view.size):
+        raise ValueError(f"maps are {W}x{H} but the view is {view.size[0]}x{view.size[1]}")
+
+    # Best angle bin per pixel; non-finite qualities can never win.
+    finite_q = np.isfinite(q)
+    if not finite_q.all():
+        q = np.where(finite_q, q, -np.inf)
+    r = int(neighbourhood_px)
+    if r > 0:
+        kernel = np.ones((2 * r + 1, 2 * r + 1), np.uint8)
+        # Outside the map counts as good (border = +inf), so edge pixels are not penalised
+        # for their missing neighbours; non-finite values stay losers (-inf spreads).
+        q = np.stack([
+            cv2.erode(np.ascontiguousarray(plane, dtype=np.float32), kernel,
+                      borderType=cv2.BORDER_CONSTANT, borderValue=float("inf"))
+            for plane in q
+        ])
+    rule_width = None
+    if rule is not None:
+        q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
+    avoided = False
+    if len(avoid):
+        blocked = _avoided(avoid, hmap, calib, view, A, float(avoid_radius), float(avoid_yaw))
+        if blocked is not None:
+            avoided = bool((q[blocked] >= threshold).any())
+            q = np.where(blocked, -np.inf, q)
+    if rerank is None:
+        score = q
+    else:
+        with np.errstate(invalid="ignore"):
+            score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
+    checks = any(c is not None for c in (fingers_clear, jaws_on_part, sweep_depth, part_centre))
+    reranked = rerank is not None or checks
+    if checks:
+        if rule is not None:
+            raise ValueError("fingers_clear, jaws_on_part, sweep_depth and part_centre are exclusive with rule: the "
+                             "rule's own test covers where the fingers land and the jaws close")
+        # A check moves a grasp below every one that passes it, and keeps it above every grasp
+        # below the threshold: it re-ranks, it never admits or removes one.
+        with np.errstate(invalid="ignore"):
+            score = np.where(q >= threshold, score, -np.inf)
+    if fingers_clear is not None or sweep_depth is not None:  # the opening the fingers come down at
+        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
+    if fingers_clear is not None:
+        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
+        score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
+    parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
+    if jaws_on_part is not None:
+        parts = _parts(surface, calib, view, "jaws_on_part")
+        span = jaw_span(parts, _cell_m(view), A)
+        # The spans are counts of cells over the strip's cells: a tolerance for the filter's rounding.
+        score = np.where(span < float(jaws_on_part) - 1e-6, score - _SHALLOW_SHIFT, score)
+    tips = None  # (A, H, W) fingertip heights raised to come down clear, for sweep_depth
+    if sweep_depth is not None:
+        s = _surface_map(surface, view, "sweep_depth")
+        need = finger_obstacle(s, _cell_m(view), A, opening) + ABOVE_TIPS
+        tips = np.maximum(hmap[None].astype(np.float32), need)  # NaN heights stay NaN: never valid
+        top = np.nan_to_num(s, nan=0.0)[None]
+        score = np.where(need > top - float(sweep_depth) + 1e-6, score - _BLOCKED_SHIFT, score)
+    if part_centre is not None:
+        if parts is None:
+            parts = _parts(surface, calib, view, "part_centre")
+        # Less than a check's shift (part_centre <= 1): it orders grasps within a tier, never across.
+        score = score - float(part_centre) * off_centre(parts)[None]
+    abin = score.argmax(axis=0)
+    if tips is not None:
+        hmap = np.take_along_axis(tips, abin[None], axis=0)[0]
+    qbest = np.take_along_axis(q, abin[None], axis=0)[0]
+    sbest = np.take_along_axis(score, abin[None], axis=0)[0] if reranked else qbest
+    valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
+    if rule_width is not None:
+        valid &= qbest > 0  # grasps that do not fit score 0
+    if on_part_px is not None:
+        near = _near(parts if parts is not None else _parts(surface, calib, view, "on_part_px"), int(on_part_px))
+        if not near.any():
+            return _none(f"the bin looks empty: the predicted surface shows no part higher than "
+                         f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace")
+        if not (valid & near).any() and valid.any() and not avoided:
+            return _none(f"no grasp on a predicted part reaches the quality threshold {threshold:.2f}")
+        valid &= near
+    idx = np.flatnonzero(valid)
+    if idx.size == 0 and avoided:
+        return _none(f"every grasp at or above the quality threshold {threshold:.2f} is within "
+                     f"{avoid_radius:.3f} m and {math.degrees(avoid_yaw):.0f} deg of one that just failed on this scene")
+    if idx.size == 0:
+        best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
+        return _none(f"no grasp reaches the quality threshold {threshold:.2f} (best {best:.2f})")
+
+    # Back-project every candidate centre at its own fingertip height.
+    vs, us = np.divmod(idx, W)
+    uv = np.stack([us, vs], axis=1).astype(np.float64)
+    z = calib.table_z + hmap.reshape(-1)[idx].astype(np.float64)
+    z = np.maximum(z, calib.table_z + MIN_TIP_CLEARANCE)
+    centres = view_pixels_to_base(uv, calib, view, z)
+    m = float(workspace_margin)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    with np.errstate(invalid="ignore"):
+        inside = (
+            np.isfinite(centres).all(axis=1)
+            & (centres[:, 0] >= x0 + m)
+            & (centres[:, 0] <= x1 - m)
+            & (centres[:, 1] >= y0 + m)
+            & (centres[:, 1] <= y1 - m)
+            & (z <= calib.table_z + MAX_TIP_HEIGHT)
+        )
+    if not inside.any():
+        return _none(
+            f"no grasp at or above the quality threshold {threshold:.2f} lies inside the workspace "
+            f"({idx.size} candidates outside)"
+        )
+    # A camera may leave a corner of the workspace out of its frame: nothing is answered there.
+    # When the box from the table to the highest candidate is in view, so is every candidate.
+    top = float(z[inside].max())
+    box = np.concatenate([calib.workspace_corners(calib.table_z), calib.workspace_corners(top)])
+    if not calib.in_image(project_points(box, calib)).all():
+        inside[np.flatnonzero(inside)[~calib.in_image(project_points(centres[inside], calib))]] = False
+        if not inside.any():
+            return _none(f"no grasp at or above the quality threshold {threshold:.2f} lies where the camera "
+                         "sees the workspace")
+    cand = np.flatnonzero(inside)
+    k = cand[np.argmax(sbest.reshape(-1)[idx[cand]])]
+    v, u = int(vs[k]), int(us[k])
+    a = int(abin[v, u])
+    angle = float(angle_bin_centers(A)[a])
+    pos, yaw, _ = view_grasp_to_base(uv[k : k + 1], np.array([angle]), np.array([_YAW_SEGMENT_PX]), z[k : k + 1], calib, view)
+    opening = wmap[v, u] if rule_width is None else rule_width[a, v, u]
+    w_m = float(np.clip(opening + float(width_margin), 0.0, GRIPPER_MAX_WIDTH))
+    grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=w_m, quality=float(qbest[v, u]))
+    if not grasp_in_workspace(grasp, calib, m):  # defensive: the same numbers were checked above
+        return _none("the best grasp failed the final workspace check")
+    pixel = project_points(pos, calib)[0]
+    return DecodedGrasp(
+        grasp=grasp,
+        view_pixel=(float(u), float(v)),
+        pixel=(float(pixel[0]), float(pixel[1])),
+        reason=None,
+        angle_bin=a,
+        view_angle=angle,
+    )
+
+
+def _avoided(
+    avoid: Sequence[Grasp], hmap: np.ndarray, calib: Calibration, view: NetworkView, n_bins: int,
+    radius: float, yaw_tol: float,
+) -> np.ndarray | None:
+    """``(A, H, W)`` bool: the (angle bin, pixel) grasps near one of ``avoid``; ``None``: none."""
+    H, W = hmap.shape
+    vs, us = np.mgrid[0:H, 0:W]
+    uv = np.stack([us.ravel(), vs.ravel()], axis=1).astype(np.float64)
+    h = np.nan_to_num(hmap.reshape(-1).astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    z = np.maximum(calib.table_z + h, calib.table_z + MIN_TIP_CLEARANCE)
+    xy = view_pixels_to_base(uv, calib, view, z)[:, :2]
+    close_to = []  # per avoided grasp: the pixels whose centre is within the radius of it
+    for g in avoid:
+        dx, dy = xy[:, 0] - g.position[0], xy[:, 1] - g.position[1]
+        close_to.append(dx * dx + dy * dy < radius * radius)
+    near = np.flatnonzero(np.logical_or.reduce(close_to))
+    if near.size == 0:
+        return None
+    # The yaw of every angle bin at each near pixel (it varies across a camera view).
+    angles = angle_bin_centers(n_bins)
+    k = np.repeat(near, n_bins)
+    a = np.tile(np.arange(n_bins), near.size)
+    _, yaw, _ = view_grasp_to_base(uv[k], angles[a], np.full(k.size, _YAW_SEGMENT_PX), z[k], calib, view)
+    blocked = np.zeros((n_bins, H * W), bool)
+    for close, g in zip(close_to, avoid):
+        turn = np.abs(normalize_angle(yaw - g.yaw))
+        hit = close[k] & (turn <= yaw_tol + 1e-9)  # inclusive, and robust to rounding: bins 15 deg apart
+        blocked[a[hit], k[hit]] = True
+    return blocked.reshape(n_bins, H, W) if blocked.any() else None
+
+
+def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.ndarray:
+    """``(H, W)`` bool: view cells inside the workspace, ``margin`` metres clear of its edge
+    (where the bin walls stand): where parts are looked for."""
+    W, H = view.size
+    vv, uu = np.mgrid[0:H, 0:W]
+    xy = view_pixels_to_base(np.stack([uu.ravel(), vv.ravel()], axis=1), calib, view, calib.table_z)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    return ((xy[:, 0] >= x0 + margin) & (xy[:, 0] <= x1 - margin)
+            & (xy[:, 1] >= y0 + margin) & (xy[:, 1] <= y1 - margin)).reshape(H, W)
+
+
+def _cell_m(view: NetworkView) -> float:
+    """Metres per cell of a top-down view (metric and isotropic)."""
+    return 1.0 / float(np.linalg.norm(view.K[0, :2]))
+
+
+def _surface_map(surface: np.ndarray | None, view: NetworkView, option: str) -> np.ndarray:
+    """The predicted surface as float32 ``(H, W)``, checked for the decode ``option`` that needs it."""
+    if not view.is_table:
+        raise ValueError(f"{option} needs a top-down view (view kind 'table'); this view is a camera view")
+    if surface is None:
+        raise ValueError(f"{option} needs the predicted surface map (the policy has no 'surface' output)")
+    s = np.asarray(surface, dtype=np.float32)
+    if s.shape != (view.size[1], view.size[0]):
+        raise ValueError(f"surface must be (H, W) = {(view.size[1], view.size[0])}, got {s.shape}")
+    return s
+
+
+def _standing(surface: np.ndarray | None, view: NetworkView, option: str) -> np.ndarray:
+    """``(H, W)`` bool: what stands in the predicted surface anywhere in the view (parts, the
+    bin walls): higher than the rule's ``object_height``, specks removed."""
+    s = _surface_map(surface, view, option)
+    return object_cells(s, None, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
+
+
+def _parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, option: str) -> np.ndarray:
+    """``(H, W)`` bool: the parts of the predicted surface, inside the workspace clear of the
+    walls (the rule's ``object_cells`` with its defaults)."""
+    s = _surface_map(surface, view, option)
+    region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]))
+    return object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
+
+
+def _near(parts: np.ndarray, radius_px: int) -> np.ndarray:
+    """``(H, W)`` bool: cells within ``radius_px`` of ``parts``."""
+    if radius_px > 0 and parts.any():
+        k = np.ones((2 * radius_px + 1, 2 * radius_px + 1), np.uint8)
+        parts = cv2.dilate(parts.astype(np.uint8), k) > 0
+    return parts
+
+
+def _apply_rule(
+    q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``."""
+    opt = {**DEFAULT_RULE, **rule_options(rule)}
+    s = _surface_map(surface, view, "the grasp rule")
+    A = q.shape[0]
+    px_m = _cell_m(view)
+    # Parts are looked for inside the workspace, clear of the bin walls at its edge.
+    region = _part_region(calib, view, float(opt["region_margin"]))
+    parts = object_cells(s, region, float(opt["object_height"]), int(opt["min_object_px"]))
+    fits, width, tip, _ = fitting_grasps(s, px_m, A, parts)
+    score = support_score(fits, int(opt["support_px"]), float(opt["bin_weight"]))
+    power = float(opt["quality_power"])
+    if power != 0.0:
+        score = score * np.power(np.clip(q, 0.0, 1.0), power)
+    return np.where(np.isfinite(q), score, -np.inf).astype(np.float32), width, tip

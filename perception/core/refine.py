@@ -1,0 +1,562 @@
+"""Refine the camera pose from the bin's walls in unlabeled frames (contract section 5).
+
+Every frame of the cell shows known geometry: the bin's walls stand on the workspace
+edges (contract section 3), their inner faces on the edges themselves (the workspace is
+what lies inside the bin), vertical, of one unknown height up to 0.06 m and one unknown thickness. Their straight
+edges (the foot of every face the camera can see, the top's inner and outer edges) are
+fitted by moving ``T_base_camera`` (and the walls' height and thickness) until the
+edges' projections lie on the frames' strongest persistent edges.
+
+Why edges, not corners or a learned detector: the walls' lines are long, so a few
+hundred samples along each one average the texture of the floor and walls away; objects
+move between frames while the walls stay, so the edge evidence is averaged over frames
+(each frame's gradients clipped, so one object edge cannot outvote the walls); and no
+correspondence is needed, which is what a cluttered, textured bin would make fragile.
+
+The fit (:func:`refine_pose`): starts at the calibration itself and at the best peaks of
+a coarse table over the two rotations that move the whole image; from each, Nelder-Mead
+on less and less smoothed evidence (inner edges), the thickness from the outer edges,
+then Gauss-Newton on every sample point's distance to its edge; the fit that lays the
+most edge strength on its lines wins. Measured in the twin: ``docs/benchmarks.md``,
+"Camera refinement" (thin walls, about 1 cm or less, are where it fails; most such fits
+are refused by the 2 cm / 2 degree rule). Units: metres and radians in the API,
+millimetres and degrees in reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from perception.core.calibration import Calibration
+from perception.core.frames import rotation_angle
+
+__all__ = [
+    "RefineError", "RefineSettings", "RefineResult", "edge_evidence", "wall_lines", "refine_pose", "pose_change",
+    "undistorted_median", "draw_fit",
+]
+
+
+log = logging.getLogger("sim2real.calibrate")
+
+
+class RefineError(ValueError):
+    """No walls found, or a correction beyond what a calibration error can be."""
+
+
+@dataclass(frozen=True)
+class RefineSettings:
+    """Settings of the fit: the ``fit`` block of ``conf/calibrate_refine.yaml`` (units there)."""
+
+    max_frames: int
+    search_deg: float
+    search_step_deg: float
+    height_range: tuple[float, float]
+    thickness_range: tuple[float, float]
+    height_step: float
+    scales_px: tuple[float, ...]
+    samples_per_edge: int
+    clip_percentile: float
+    min_contrast: float
+    min_separation_px: float
+    reach_px: float
+    gauss_newton_iters: int
+    hypotheses: int
+    start_heights: int
+    line_bias_px: float
+    peak_spacing: int
+    restarts: int
+    max_shift_m: float
+    max_rotation_deg: float
+
+    @classmethod
+    def from_config(cls, fit: Any) -> RefineSettings:
+        """From the config's ``fit`` block (a mapping); unknown or missing keys are refused."""
+        fit = dict(fit)
+        names = {f.name for f in fields(cls)}
+        if set(fit) != names:
+            raise RefineError(f"fit settings: unknown {sorted(set(fit) - names)}, missing {sorted(names - set(fit))}")
+        st = cls(**{k: tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for k, v in fit.items()})
+        if st.height_range[0] <= 0 or st.height_range[1] > 0.06 or st.height_range[0] > st.height_range[1]:
+            raise RefineError("fit.height_range must lie within (0, 0.06] m (the contract bounds the walls)")
+        if not (0 <= st.thickness_range[0] <= st.thickness_range[1]):
+            raise RefineError("fit.thickness_range must be [min, max] with 0 <= min <= max")
+        if st.max_frames < 1 or st.samples_per_edge < 8 or not st.scales_px:
+            raise RefineError("fit.max_frames >= 1, fit.samples_per_edge >= 8 and one fit.scales_px at least")
+        return st
+
+    @classmethod
+    def defaults(cls, **changes: Any) -> RefineSettings:
+        """The packaged ``conf/calibrate_refine.yaml`` settings, with ``changes``."""
+        from omegaconf import OmegaConf
+
+        path = Path(str(resources.files("conf") / "calibrate_refine.yaml"))
+        fit = OmegaConf.to_container(OmegaConf.load(path).fit, resolve=True)
+        return cls.from_config({**fit, **changes})
+
+
+@dataclass
+class RefineResult:
+    T_base_camera: np.ndarray
+    wall_height: float
+    wall_thickness: float
+    contrast: float                      # edge strength on the fitted edges over the image's typical
+    contrast_before: float
+    shift_m: float                       # how far the camera centre moved
+    rotation_deg: float                  # how far the camera turned
+    edges_used: list[str] = field(default_factory=list)
+
+    def report(self) -> dict:
+        return {
+            "correction_mm": round(self.shift_m * 1e3, 3),
+            "correction_deg": round(self.rotation_deg, 4),
+            "wall_height_m": round(self.wall_height, 4),
+            "wall_thickness_m": round(self.wall_thickness, 4),
+            "edge_contrast": round(self.contrast, 3),
+            "edge_contrast_before": round(self.contrast_before, 3),
+            "edges": self.edges_used,
+        }
+
+
+# ------------------------------------------------------------------ geometry
+def _rodrigues(w: np.ndarray) -> np.ndarray:
+    return cv2.Rodrigues(np.asarray(w, dtype=np.float64).reshape(3, 1))[0]
+
+
+def perturb(T: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``T_base_camera`` moved by ``x = [wx, wy, wz, tx, ty, tz]``.
+
+    The rotation (radians) turns the camera about its own axes; the translation (metres)
+    moves its centre in the base frame, so the two read as what a user would adjust.
+    """
+    out = np.array(T, dtype=np.float64, copy=True)
+    out[:3, :3] = T[:3, :3] @ _rodrigues(x[:3])
+    out[:3, 3] = T[:3, 3] + np.asarray(x[3:6], dtype=np.float64)
+    return out
+
+
+def pose_change(T_a: np.ndarray, T_b: np.ndarray) -> tuple[float, float]:
+    """(camera centre distance in metres, rotation angle in degrees) between two poses."""
+    return float(np.linalg.norm(T_a[:3, 3] - T_b[:3, 3])), math.degrees(rotation_angle(T_a[:3, :3], T_b[:3, :3]))
+
+
+def wall_lines(
+    calib: Calibration, height: float, thickness: float, camera: np.ndarray | None = None
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The walls' straight edges the camera can see, in the base frame: ``(name, start, end)``.
+
+    Each wall's inner face stands on a workspace edge; its outer face ``thickness`` further
+    out (no outer edges for a thickness of 0). The top's edges always show (the camera is
+    above the walls); the foot of a face only where the camera is on that face's side.
+    """
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    z0, z1 = calib.table_z, calib.table_z + height
+    cam = calib.camera_position if camera is None else camera
+    walls = [  # name, axis, coordinate, inward sign, the other axis' span
+        ("x_min", 0, x0, +1, (y0, y1)),
+        ("x_max", 0, x1, -1, (y0, y1)),
+        ("y_min", 1, y0, +1, (x0, x1)),
+        ("y_max", 1, y1, -1, (x0, x1)),
+    ]
+    out = []
+    for name, axis, c, inward, (a, b) in walls:
+        def point(s: float, z: float, c: float, axis: int = axis) -> np.ndarray:
+            return np.array([c, s, z]) if axis == 0 else np.array([s, c, z])
+
+        outer, t = c - inward * thickness, thickness
+        inside = (cam[axis] - c) * inward > 0
+        if inside:
+            out.append((f"{name}/inner_foot", point(a, z0, c), point(b, z0, c)))
+        out.append((f"{name}/inner_top", point(a, z1, c), point(b, z1, c)))
+        if thickness > 0:
+            out.append((f"{name}/outer_top", point(a - t, z1, outer), point(b + t, z1, outer)))
+        if thickness > 0 and (cam[axis] - outer) * inward < 0:
+            out.append((f"{name}/outer_foot", point(a - t, z0, outer), point(b + t, z0, outer)))
+    return out
+
+
+def _occluded(points: np.ndarray, cam: np.ndarray, calib: Calibration, height: float) -> np.ndarray:
+    """Points hidden behind a wall (thin walls at the inner faces) from ``cam``."""
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    z0, z1 = calib.table_z, calib.table_z + height
+    hidden = np.zeros(len(points), dtype=bool)
+    d = points - cam
+    for axis, c, (lo, hi) in ((0, x0, (y0, y1)), (0, x1, (y0, y1)), (1, y0, (x0, x1)), (1, y1, (x0, x1))):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = (c - cam[axis]) / d[:, axis]
+        hit = cam + s[:, None] * d
+        other = 1 - axis
+        # Strictly between the camera and the point: a point on this wall is not hidden by it.
+        hidden |= (s > 1e-6) & (s < 1 - 1e-4) & (hit[:, other] >= lo) & (hit[:, other] <= hi) & \
+                  (hit[:, 2] >= z0) & (hit[:, 2] <= z1)
+    return hidden
+
+
+# ------------------------------------------------------------------ evidence
+def edge_evidence(frames: list[np.ndarray], calib: Calibration, clip_percentile: float) -> np.ndarray:
+    """Per-pixel structure tensor ``(H, W, 3)`` (gxx, gyy, gxy) averaged over undistorted frames.
+
+    Each frame's gradients are normalised by their clip percentile and clipped there, so
+    a bright frame or one strong object edge weighs no more than the walls do.
+    """
+    K, dist = calib.K, calib.dist
+    w, h = calib.image_size
+    maps = cv2.initUndistortRectifyMap(K, dist, None, K, (w, h), cv2.CV_32FC1)
+    acc = np.zeros((h, w, 3), dtype=np.float64)
+    for rgb in frames:
+        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY).astype(np.float32)
+        gray = cv2.remap(gray, maps[0], maps[1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        gx = cv2.Scharr(gray, cv2.CV_32F, 1, 0)
+        gy = cv2.Scharr(gray, cv2.CV_32F, 0, 1)
+        mag = np.sqrt(gx * gx + gy * gy)
+        cap = float(np.percentile(mag, clip_percentile)) + 1e-6
+        scale = np.minimum(1.0, cap / (mag + 1e-6)) / cap
+        gx, gy = gx * scale, gy * scale
+        acc[..., 0] += gx * gx
+        acc[..., 1] += gy * gy
+        acc[..., 2] += gx * gy
+    return (acc / max(1, len(frames))).astype(np.float32)
+
+
+def _bilinear(img: np.ndarray, uv: np.ndarray) -> np.ndarray:
+    h, w = img.shape[:2]
+    u = np.clip(uv[:, 0], 0, w - 1.001)
+    v = np.clip(uv[:, 1], 0, h - 1.001)
+    u0, v0 = np.floor(u).astype(np.int64), np.floor(v).astype(np.int64)
+    du, dv = (u - u0)[:, None], (v - v0)[:, None]
+    a, b = img[v0, u0], img[v0, u0 + 1]
+    c, d = img[v0 + 1, u0], img[v0 + 1, u0 + 1]
+    return (a * (1 - du) + b * du) * (1 - dv) + (c * (1 - du) + d * du) * dv
+
+
+def _visible_lines(calib: Calibration, T: np.ndarray, height: float, thickness: float, samples: int,
+                   margin_px: float, min_separation_px: float) -> tuple[list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], int]:
+    """The wall edges' sample points that are seen: ``(name, points in B, pixels, unit normal)``,
+    and how many lines were left out as seen edge-on.
+
+    The corners belong to two walls and are skipped; a point behind a wall, outside the
+    image or in front of no camera is dropped, and so is a line with under a quarter of
+    its points left. An inner face seen at a grazing angle puts its foot and top within
+    ``min_separation_px`` of each other, where neither can be told apart: its foot goes.
+    So does a wall's outer top edge where it runs that close beside the inner one.
+    """
+    w, h = calib.image_size
+    s = np.linspace(0.02, 0.98, samples)
+    cam = T[:3, 3]
+    out, mids = [], {}
+    for name, a, b in wall_lines(calib, height, thickness, cam):
+        pts = a[None] + s[:, None] * (b - a)[None]
+        if np.any((pts - cam) @ T[:3, 2] <= 0.05):
+            continue
+        mids[name] = _project(T, calib.K, ((a + b) / 2)[None])[0]
+        pts = pts[~_occluded(pts, cam, calib, height)]
+        uv = _project(T, calib.K, pts)
+        keep = (uv[:, 0] > margin_px) & (uv[:, 0] < w - 1 - margin_px) & \
+               (uv[:, 1] > margin_px) & (uv[:, 1] < h - 1 - margin_px)
+        if keep.sum() < samples // 4:
+            continue
+        d = _project(T, calib.K, b[None])[0] - _project(T, calib.K, a[None])[0]
+        n = np.array([-d[1], d[0]]) / (np.linalg.norm(d) + 1e-12)
+        out.append((name, pts[keep], uv[keep], n))
+    grazing = set()
+    for name, _pts, _uv, n in out:
+        wall, kind = name.split("/")
+        top = mids.get(f"{wall}/inner_top")
+        if kind in ("inner_foot", "outer_top") and top is not None and abs(float((top - mids[name]) @ n)) < min_separation_px:
+            grazing.add(name)
+    return [line for line in out if line[0] not in grazing], len(grazing)
+
+
+def _strength(evidence: np.ndarray, uv: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Edge strength across ``n`` (the structure tensor's projection) at ``uv``."""
+    m = _bilinear(evidence, uv)
+    return np.sqrt(np.maximum(m[..., 0] * n[0] ** 2 + m[..., 1] * n[1] ** 2 + 2 * m[..., 2] * n[0] * n[1], 0))
+
+
+class _Objective:
+    """Edge strength along the projected wall edges, in units of the image's typical edge.
+
+    ``mean``: the mean over the lines (the fit's target while the pose is found: every
+    line counts alike). ``excess``: the strength above typical summed over the lines
+    (choosing between fits: one that lays more lines on edges is better). ``lines``:
+    ``all`` or ``outer`` (the outer face's edges alone: the thickness). A line left out as
+    seen edge-on counts as a typical edge, so no fit wins by hiding lines.
+    """
+
+    def __init__(self, evidence: np.ndarray, calib: Calibration, st: RefineSettings, samples: int,
+                 total: str = "mean", lines: str = "all") -> None:
+        self.ev, self.calib, self.st, self.samples = evidence, calib, st, samples
+        self.total, self.lines = total, lines
+        self.typical = float(np.median(np.sqrt(np.maximum(evidence[..., 0] + evidence[..., 1], 0)))) + 1e-9
+
+    def __call__(self, T: np.ndarray, height: float, thickness: float, detail: bool = False):
+        lines, edge_on = _visible_lines(self.calib, T, height, thickness, self.samples, 2.0, self.st.min_separation_px)
+        if self.lines == "outer":
+            lines, edge_on = [line for line in lines if "/outer" in line[0]], 0
+        scores = [float(_strength(self.ev, uv, n).mean()) / self.typical for _name, _pts, uv, n in lines]
+        scores += [1.0] * edge_on
+        if self.total == "excess":
+            total = float(np.sum(np.maximum(np.asarray(scores) - 1.0, 0.0)))
+        else:
+            total = float(np.mean(scores)) if scores else 0.0
+        return (total, [line[0] for line in lines]) if detail else total
+
+
+def _smoothed(evidence: np.ndarray, sigma: float) -> np.ndarray:
+    return cv2.GaussianBlur(evidence, (0, 0), sigma) if sigma > 0 else evidence
+
+
+def _nelder_mead(f, x0: np.ndarray, steps: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                 iters: int = 400, tol: float = 1e-5) -> tuple[np.ndarray, float]:
+    """Maximise ``f`` within ``[lo, hi]`` by Nelder-Mead (adaptive coefficients, Gao and Han 2012).
+
+    A simplex follows the narrow ridges a camera pose has (turning the camera and
+    moving it sideways shift the image alike), where a search along the axes stalls.
+    """
+    n = len(x0)
+    alpha, gamma, rho, sigma = 1.0, 1.0 + 2.0 / n, 0.75 - 1.0 / (2 * n), 1.0 - 1.0 / n
+
+    def g(x: np.ndarray) -> float:
+        return -f(np.clip(x, lo, hi))
+
+    pts = [np.asarray(x0, dtype=np.float64)]
+    for i in range(n):
+        p = pts[0].copy()
+        p[i] += steps[i]
+        pts.append(p)
+    vals = [g(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts, vals = [pts[k] for k in order], [vals[k] for k in order]
+        if abs(vals[-1] - vals[0]) <= tol * (abs(vals[0]) + 1e-12):
+            break
+        centroid = np.mean(pts[:-1], axis=0)
+        xr = centroid + alpha * (centroid - pts[-1])
+        fr = g(xr)
+        if fr < vals[0]:
+            xe = centroid + gamma * (xr - centroid)
+            fe = g(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            outside = fr < vals[-1]
+            xc = centroid + rho * ((xr if outside else pts[-1]) - centroid)
+            fc = g(xc)
+            if fc < (fr if outside else vals[-1]):
+                pts[-1], vals[-1] = xc, fc
+            else:  # shrink towards the best
+                pts = [pts[0]] + [pts[0] + sigma * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [g(p) for p in pts[1:]]
+    k = int(np.argmin(vals))
+    return np.clip(pts[k], lo, hi), -vals[k]
+
+
+def _project(T: np.ndarray, K: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    pc = (pts - T[:3, 3]) @ T[:3, :3]
+    return (pc[:, :2] / pc[:, 2:3]) @ K[:2, :2].T + K[:2, 2]
+
+
+def _edge_offsets(evidence: np.ndarray, calib: Calibration, T: np.ndarray, height: float, thickness: float,
+                  st: RefineSettings) -> tuple[list, np.ndarray]:
+    """Where the strongest edge lies across each visible sample point, px along the line's normal.
+
+    Returns the sampled lines (``(name, points, pixels, normal)``) and the offsets (NaN
+    where the strongest edge within ``reach_px`` is at the end of the reach: the slope of
+    an edge further out, not an edge found).
+    """
+    steps = np.arange(-st.reach_px, st.reach_px + 1e-9, 0.5)
+    lines, _edge_on = _visible_lines(calib, T, height, thickness, st.samples_per_edge, st.reach_px + 2,
+                                     st.min_separation_px)
+    offsets = []
+    for _name, _pts, uv, n in lines:
+        prof = np.stack([_strength(evidence, uv + o * n, n) for o in steps], axis=1)
+        top = np.argmax(prof, axis=1)
+        k = np.clip(top, 1, len(steps) - 2)
+        rows = np.arange(len(k))
+        y0, y1, y2 = prof[rows, k - 1], prof[rows, k], prof[rows, k + 1]
+        denom = y0 - 2 * y1 + y2
+        safe = np.where(denom < -1e-12, denom, -1.0)
+        sub = np.where(denom < -1e-12, 0.5 * (y0 - y2) / safe, 0.0)
+        off = steps[k] + np.clip(sub, -0.5, 0.5) * (steps[1] - steps[0])
+        off[(top == 0) | (top == len(steps) - 1)] = np.nan
+        offsets.append(off)
+    return lines, (np.concatenate(offsets) if offsets else np.zeros(0))
+
+
+def _least_squares(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.ndarray, lo: np.ndarray,
+                   hi: np.ndarray, st: RefineSettings) -> np.ndarray:
+    """Gauss-Newton on the sample points' distances to their edges (Huber weights).
+
+    The mean-strength score is flat near its top; the distances are not. (No uncertainty
+    is reported from their spread: the lines' own biases, a few tenths of a pixel each,
+    dominate it and are not independent across a line's points.)
+    """
+    eps = 1e-5
+    for _it in range(st.gauss_newton_iters):
+        T = perturb(T0, x[:6])
+        lines, off = _edge_offsets(evidence, calib, T, x[6], x[7], st)
+        good = np.isfinite(off)
+        if good.sum() < 20:
+            break
+        # The residual is the edge's offset: moving the model by dx changes it by -J dx.
+        J = np.zeros((len(off), 8))
+        for i in range(8):
+            y = x.copy()
+            y[i] += eps
+            Ty = perturb(T0, y[:6])
+            col = []
+            for (name, pts, uv, n) in lines:
+                moved = _moved_points(name, pts, x, y, calib)
+                col.append((_project(Ty, calib.K, moved) - uv) @ n / eps)
+            J[:, i] = np.concatenate(col)
+        r, Jg = off[good], J[good]
+        scale = 1.4826 * np.median(np.abs(r - np.median(r))) + 1e-3
+        wgt = np.minimum(1.0, 1.5 * scale / (np.abs(r) + 1e-12))  # Huber
+        # A whole line off by a pixel is a model fault (a face seen nearly edge-on, a
+        # shadow along an edge), not noise: such a line weighs less, by its median offset.
+        line_of = np.concatenate([np.full(len(line[1]), k) for k, line in enumerate(lines)])[good]
+        for k in range(len(lines)):
+            on = line_of == k
+            if on.any():
+                wgt[on] /= 1.0 + (np.median(r[on]) / st.line_bias_px) ** 2
+        A = Jg.T @ (Jg * wgt[:, None])
+        A += np.eye(8) * 1e-9 * np.trace(A)  # the thickness is unseen when no outer face shows
+        dx = np.linalg.solve(A, Jg.T @ (wgt * r))
+        x = np.clip(x + dx, lo, hi)
+        if np.all(np.abs(dx) < 1e-6):
+            break
+    return x
+
+
+def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, calib: Calibration) -> np.ndarray:
+    """The same sample points on the walls of height ``y[6]`` and thickness ``y[7]``."""
+    moved = pts.copy()
+    wall, kind = name.split("/")
+    if kind.endswith("top"):
+        moved[:, 2] += y[6] - x[6]
+    if kind.startswith("outer"):
+        axis = 0 if wall.startswith("x") else 1
+        inward = 1.0 if wall.endswith("min") else -1.0
+        moved[:, axis] -= inward * (y[7] - x[7])
+    return moved
+
+
+def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: RefineSettings) -> list[np.ndarray]:
+    """Where the fine fit starts: the calibration itself with a few wall heights (its error
+    is usually small), then the best few peaks, apart from each other, of a coarse table
+    over the two rotations that move the whole image (they stand in for the sideways
+    moves too) and the wall height, on heavily smoothed evidence, inner edges only. A
+    textured floor or a wall's two top edges can make a wrong peak the highest there.
+    """
+    (h_lo, h_hi), span = st.height_range, math.radians(st.search_deg)
+    coarse = _Objective(coarsest, calib, st, max(40, st.samples_per_edge // 4))
+    grid = np.arange(-span, span + 1e-9, math.radians(st.search_step_deg))
+    heights = np.arange(h_lo, h_hi + 1e-9, st.height_step)
+    table = np.array([[[coarse(perturb(T0, np.array([wx, wy, 0, 0, 0, 0])), h, 0.0) for h in heights]
+                       for wy in grid] for wx in grid])
+    starts = [np.array([0, 0, 0, 0, 0, 0, h, 0.0]) for h in np.linspace(h_lo, h_hi, st.start_heights)]
+    flat = table.max(axis=2)
+    taken = np.zeros_like(flat, dtype=bool)
+    gap = st.peak_spacing
+    for idx in np.argsort(flat, axis=None)[::-1]:
+        if len(starts) >= st.start_heights + st.hypotheses:
+            break
+        a, b = np.unravel_index(idx, flat.shape)
+        if not taken[a, b]:
+            starts.append(np.array([grid[a], grid[b], 0, 0, 0, 0, heights[int(np.argmax(table[a, b]))], 0.0]))
+            taken[max(0, a - gap):a + gap + 1, max(0, b - gap):b + gap + 1] = True
+    return starts
+
+
+def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, sharp: np.ndarray,
+              calib: Calibration, T0: np.ndarray, st: RefineSettings) -> np.ndarray:
+    """One start through less and less smoothed evidence (``fine``: inner edges,
+    Nelder-Mead), then the thickness from the outer edges alone (``outer``), then least
+    squares on all of them (on ``sharp``, the least smoothed evidence)."""
+    (h_lo, h_hi), (t_lo, t_hi) = st.height_range, st.thickness_range
+    lim = np.array([math.radians(st.search_deg)] * 3 + [st.max_shift_m * 1.5] * 3)
+    lo, hi = np.r_[-lim, h_lo, 0.0], np.r_[lim, h_hi, 0.0]
+    y, steps = start, np.array([math.radians(0.2)] * 3 + [0.004] * 3 + [0.004, 0.004])
+    for obj in fine:
+        for _restart in range(st.restarts):  # a fresh simplex escapes one that collapsed on a ridge
+            y, _val = _nelder_mead(lambda z, obj=obj: obj(perturb(T0, z[:6]), z[6], z[7]), y, steps, lo, hi)
+        steps = steps * 0.5
+    if t_hi > 0:
+        T = perturb(T0, y[:6])
+        cands = np.arange(max(t_lo, 0.001), t_hi + 1e-9, 0.0005)
+        vals = [outer(T, y[6], t) for t in cands]
+        y[7] = cands[int(np.argmax(vals))] if max(vals) >= st.min_contrast - 1.0 else 0.0
+        lo[7], hi[7] = (t_lo, t_hi) if y[7] > 0 else (0.0, 0.0)
+    return _least_squares(sharp, calib, T0, y, lo, hi, st)
+
+
+def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSettings | None = None) -> RefineResult:
+    """Fit ``T_base_camera``, the wall height and thickness to the walls seen in ``frames``.
+
+    Every start is fitted to the end; the fit that explains the most edge (summed over
+    every line, so none wins by leaving lines out) is the answer.
+
+    Raises:
+        RefineError: no walls found (their edges no stronger than ``min_contrast`` times
+            the image's typical edge), or a correction beyond ``max_shift_m`` /
+            ``max_rotation_deg``.
+    """
+    st = settings or RefineSettings.defaults()
+    if not frames:
+        raise RefineError("no frames to refine from")
+    T0 = calib.T_base_camera.copy()
+    evidence = edge_evidence(frames, calib, st.clip_percentile)
+    # Each smoothing once, shared by every start.
+    blurred = [_smoothed(evidence, sigma) for sigma in st.scales_px]
+    fine = [_Objective(b, calib, st, st.samples_per_edge) for b in blurred]
+    outer = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess", lines="outer")
+    explained = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess")
+    starts = _starts(blurred[0], calib, T0, st)
+    fits, t0 = [], time.monotonic()
+    for k, start in enumerate(starts):  # about 3-5 s each on one core (the progress a user sees)
+        fits.append(_fit_from(start, fine, outer, blurred[-1], calib, T0, st))
+        log.info("fit %d/%d done (%.0f s)", k + 1, len(starts), time.monotonic() - t0)
+    x = max(fits, key=lambda y: explained(perturb(T0, y[:6]), y[6], y[7]))
+    final = _Objective(evidence, calib, st, st.samples_per_edge)
+    T = perturb(T0, x[:6])
+    contrast, names = final(T, float(x[6]), float(x[7]), detail=True)
+    before = final(T0, float(x[6]), float(x[7]))
+    shift, angle = pose_change(T0, T)
+    if contrast < st.min_contrast:
+        raise RefineError(
+            f"no bin walls found: the best fit's edges are {contrast:.2f}x the image's typical edge "
+            f"(at least {st.min_contrast} needed); are the bin's walls in view and the workspace right?"
+        )
+    if shift > st.max_shift_m or angle > st.max_rotation_deg:
+        raise RefineError(
+            f"the walls fit {shift * 1e3:.1f} mm / {angle:.2f} deg away from the calibration, beyond "
+            f"{st.max_shift_m * 1e3:.0f} mm / {st.max_rotation_deg:.0f} deg: recalibrate (sim2real-calibrate "
+            "handeye) rather than refine"
+        )
+    return RefineResult(T, float(x[6]), float(x[7]), float(contrast), float(before), shift, angle, names)
+
+
+# ------------------------------------------------------------------ picture
+def undistorted_median(frames: list[np.ndarray], calib: Calibration) -> np.ndarray:
+    """The frames' per-pixel median, undistorted (objects that move fade; the walls stay)."""
+    K, dist = calib.K, calib.dist
+    return cv2.undistort(np.median(np.stack(frames), axis=0).astype(np.uint8), K, dist, None, K)
+
+
+def draw_fit(image: np.ndarray, calib: Calibration, before: np.ndarray, result: RefineResult) -> np.ndarray:
+    """The wall edges on an undistorted frame: red where the calibration put them, green after."""
+    out = image.copy()
+    for T, color in ((before, (255, 60, 60)), (result.T_base_camera, (60, 255, 60))):
+        for _name, a, b in wall_lines(calib, result.wall_height, result.wall_thickness, T[:3, 3]):
+            pa, pb = _project(T, calib.K, np.stack([a, b]))
+            cv2.line(out, tuple(int(round(v)) for v in pa), tuple(int(round(v)) for v in pb), color, 1, cv2.LINE_AA)
+    return out
