@@ -331,7 +331,7 @@ def _rebased(run: dict, run_dir: Path) -> dict:
 
 
 def _summary(report: dict) -> str:
-    from policies.report import format_number as fmt
+    from policies.pipeline.report import format_number as fmt
 
     b, a = report["check"]["before"], report["check"]["after"]
     return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "

@@ -274,7 +274,7 @@ def train_geometry(
         (:func:`geometry_errors` on the validation frames), ``global_step``, ``train_time_s``,
         ``n_train_frames``, ``n_val_frames``, ``device``.
     """
-    from policies.tracking import policy_logger
+    from policies.loggers import policy_logger
     from sim_render.api import to_plain
 
     g = to_plain(gcfg)

@@ -213,7 +213,7 @@ def train_policy(
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from policies.tracking import policy_logger
+    from policies.loggers import policy_logger
 
     val_every = int(pcfg.val_every_n_steps)
     ckpt_cb = ModelCheckpoint(

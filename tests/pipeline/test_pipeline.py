@@ -201,7 +201,7 @@ def test_render_stage_hash_follows_the_profile_file(tmp_path):
     from omegaconf import OmegaConf
 
     from perception.core.calibration import default_calibration_path
-    from policies.pipeline import _profile_payload, stage_hash
+    from policies.pipeline.flow import _profile_payload, stage_hash
 
     conf = Path(__file__).resolve().parents[2] / "conf" / "render" / "randomized.yaml"
     on_disk = OmegaConf.to_container(OmegaConf.load(conf), resolve=True)
@@ -214,7 +214,7 @@ def test_render_stage_hash_follows_the_profile_file(tmp_path):
 
 def test_an_interrupted_stage_resumes_from_what_it_finished(tmp_path):
     """issue 12: the rerun deleted an unfinished stage although its shards and checkpoints existed."""
-    from policies.pipeline import Stages
+    from policies.pipeline.flow import Stages
 
     def interrupted(d):
         (d / "shard-000000.npz").write_text("finished part")

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 
 from perception.core.draw import caption_image
-from policies.report import _bar_plot, adaptation_section, eval_rows, verdict
+from policies.pipeline.report import _bar_plot, adaptation_section, eval_rows, verdict
 
 
 def _dom(successes: int, attempts: int, reasons: dict | None = None) -> dict:

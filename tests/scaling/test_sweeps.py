@@ -146,7 +146,7 @@ def test_every_sweep_point_composes(path, monkeypatch):
 
 
 def test_sweep_metrics_are_what_the_runs_log():
-    from policies.tracking import eval_summary
+    from policies.pipeline.run import eval_summary
 
     evaluation = {
         "policy": {d: {"successes": 1, "attempts": 2, "rate": 0.5, "rate_ci95": [0.1, 0.9], "clearance": 0.5}
@@ -176,7 +176,7 @@ def test_randomization_levels_are_valid_profiles(level):
 
 def test_a_sweep_agents_run_id_is_the_run_id(monkeypatch):
     from adaptation.train import _new_run_id
-    from policies.tracking import wandb_run_id
+    from policies.loggers import wandb_run_id
 
     monkeypatch.setenv("WANDB_RUN_ID", "agentrun")
     assert _new_run_id() == "agentrun" and wandb_run_id() == "agentrun" and wandb_run_id("saved") == "agentrun"

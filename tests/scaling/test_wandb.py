@@ -36,7 +36,8 @@ def test_pipeline_run_logs_table_panels_and_summary_and_trainers_join_it(tmp_pat
     import wandb
 
     from adaptation.train import _finish_logger
-    from policies.tracking import pipeline_run, policy_logger
+    from policies.loggers import policy_logger
+    from policies.pipeline.run import pipeline_run
     from sim_render.api import compose_config
 
     monkeypatch.setenv("WANDB_RUN_ID", "sweeprun1")  # as a W&B sweep agent sets it
@@ -88,7 +89,8 @@ def test_pipeline_run_logs_table_panels_and_summary_and_trainers_join_it(tmp_pat
 def test_tracking_is_off_for_csv_and_none(tmp_path):
     import wandb
 
-    from policies.tracking import pipeline_run, policy_logger
+    from policies.loggers import policy_logger
+    from policies.pipeline.run import pipeline_run
     from sim_render.api import compose_config
 
     for name in ("csv", "none"):

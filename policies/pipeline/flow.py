@@ -107,10 +107,10 @@ def _profile_payload(out: Path, profile: str, calib_path: Path, overrides: list)
 def run_pipeline(cfg: DictConfig) -> dict:
     """Run the whole pipeline that ``cfg`` (``conf/pipeline.yaml``) describes.
 
-    With ``logger=wandb`` the whole run is one W&B run (:func:`policies.tracking.pipeline_run`):
+    With ``logger=wandb`` the whole run is one W&B run (:func:`policies.pipeline.run.pipeline_run`):
     the trainers log into it, and the report's table, plot and panels go into it at the end.
     """
-    from policies.tracking import pipeline_run
+    from policies.pipeline.run import pipeline_run
 
     with pipeline_run(cfg) as tracking:
         report = _run_pipeline(cfg)
@@ -119,7 +119,7 @@ def run_pipeline(cfg: DictConfig) -> dict:
 
 
 def _run_pipeline(cfg: DictConfig) -> dict:
-    from policies.tracking import logger_name
+    from policies.loggers import logger_name
     from policies.train import check_policy_config
     from sim_render.api import render_config
     from sim_render.cli import render
@@ -288,7 +288,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     _, eval_res, _ = stages.run("eval", e_payload, make_eval)
 
     # -- report.
-    from policies.report import write_report
+    from policies.pipeline.report import write_report
 
     total = time.perf_counter() - t_start
     report = {
