@@ -107,7 +107,6 @@ def render_cell_frames(
     tested and measured on (an error injected into the calibration it is handed).
     """
     from perception.core.imageio import write_image
-    from sim_render.randomization import render_randomized
     from sim_render.scene import SceneRenderer
 
     cfg = to_plain(compose_config("render", [f"render={profile}"]).render)
@@ -120,8 +119,7 @@ def render_cell_frames(
     try:
         for scene in range(n):
             rngs, _params = renderer.build_scene(scene)
-            cell = renderer.world().cell
-            frame = render_randomized(cell.client, cell.bodies, calib, rngs["visuals"], cfg)
+            frame = renderer.render_frame(rngs["visuals"])
             write_image(out / f"{scene:03d}.png", frame.rgb)
     finally:
         renderer.close()

@@ -32,7 +32,6 @@ drawn uniformly, a degenerate range meaning a fixed value):
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,16 +69,13 @@ _MIN_BLUR_PX = 0.2
 _MIN_MOTION_PX = 1.0
 
 
-# id(DictConfig) -> (weak reference to it, its plain copy); see as_plain.
-_PLAIN: dict[int, tuple[weakref.ref, dict]] = {}
-
-
 def as_plain(cfg: Mapping) -> Mapping:
-    """A config section as plain dicts and lists (cached per ``DictConfig`` object).
+    """A config section as plain dicts and lists.
 
-    Reading an OmegaConf node costs microseconds; the randomizers read a few
-    hundred per frame, so a ``DictConfig`` is converted once and the copy reused.
-    A config is treated as read-only once used: pass a new object after a change.
+    Reading an OmegaConf node costs microseconds and the randomizers read a few hundred per
+    frame, so they work on plain containers. A ``DictConfig`` is converted on every call (no
+    cache keyed by object identity): a renderer converts its profile once
+    (:class:`sim_render.scene.SceneRenderer` keeps ``cfg_plain``) and passes that.
 
     Args:
         cfg: a ``DictConfig`` or any mapping (returned as is).
@@ -89,13 +85,7 @@ def as_plain(cfg: Mapping) -> Mapping:
     """
     if not isinstance(cfg, DictConfig):
         return cfg
-    key = id(cfg)
-    hit = _PLAIN.get(key)
-    if hit is not None and hit[0]() is cfg:
-        return hit[1]
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    _PLAIN[key] = (weakref.ref(cfg, lambda _ref, k=key: _PLAIN.pop(k, None)), plain)
-    return plain
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def draw_range(rng: np.random.Generator, value: Any) -> float:
