@@ -126,6 +126,81 @@ def _eval_profile(profile: DictConfig | dict, render_scale: float | None) -> Dic
 
 
 # ----------------------------------------------------------------------------- the loop
+class _Episodes:
+    """The attempts of one domain's episodes (the protocol in the module docstring), with the
+    running totals and "no grasp" reasons."""
+
+    def __init__(self, policy: Any, renderer: Any, cfg: DictConfig, max_attempts_per_object: int, no_grasp: str,
+                 camera_calibration: str) -> None:
+        self.policy, self.renderer, self.cfg = policy, renderer, cfg
+        self.world = renderer.world()
+        self.max_attempts = int(max_attempts_per_object)
+        self.no_grasp, self.camera_calibration = no_grasp, camera_calibration
+        self.uses_pixels = bool(getattr(policy, "uses_pixels", True))
+        self.totals = {"objects": 0, "attempts": 0, "successes": 0, "cleared": 0, "no_grasp": 0, "given_up": 0,
+                       "strays": 0}
+        self.reasons: dict[str, int] = {}
+
+    def ask(self, rngs: dict, force: float) -> DecodedGrasp:
+        """Render the scene as it stands (pixel policies) and ask the policy for a grasp."""
+        w, policy = self.world, self.policy
+        frame = self.renderer.render_frame(rngs["visuals"]) if self.uses_pixels else None
+        camera = frame.camera if frame is not None else None
+        if hasattr(policy, "bind"):
+            policy.bind(EvalContext(w.cell, w.hand, w.calib, self.cfg, w.timing, force, rngs["grasps"], camera,
+                                    frame=frame))
+        if camera is not None and self.camera_calibration == "actual" and getattr(policy, "takes_calibration", False):
+            return policy(frame.rgb, calibration=camera.scaled(tuple(w.calib.image_size)))
+        return policy(frame.rgb if frame is not None else None)
+
+    def execute(self, dec: DecodedGrasp, force: float, ep: dict, failed: dict[int, int]) -> dict:
+        """Execute an answered grasp; the lifted object leaves, a twice-failed one is given up."""
+        cell = self.world.cell
+        target = cell.object_under(dec.grasp.position[0], dec.grasp.position[1], BLAME_RADIUS)
+        out = self.world.hand.execute(dec.grasp, force, self.world.timing)
+        rec = {"grasp": dec.grasp.to_dict(), "success": bool(out.success)}
+        if out.success and 0 <= out.lifted_object < len(cell.bodies.objects):
+            cell.remove_object(out.lifted_object)
+            ep["successes"] += 1
+            ep["cleared"] += 1
+        else:
+            rec["success"] = False
+            if target is not None and target in cell.bodies.objects:
+                failed[target] = failed.get(target, 0) + 1
+                if failed[target] >= self.max_attempts:
+                    cell.remove_object(cell.bodies.objects.index(target))
+                    self.totals["given_up"] += 1
+        cell.settle(int(self.cfg.physics.settle_steps) // 2)
+        ep["strays"] += cell.remove_strays()
+        return rec
+
+    def episode(self, e: int) -> dict:
+        """Scene ``e`` until it is clear, the attempts run out or the policy answers no grasp."""
+        cell = self.world.cell
+        rngs, params = self.renderer.build_scene(e)
+        force = float(params["physics"]["gripper_force"])
+        n0 = len(cell.bodies.objects)
+        failed: dict[int, int] = {b: 0 for b in cell.bodies.objects}
+        ep = {"episode": e, "objects": n0, "attempts": 0, "successes": 0, "cleared": 0, "outcomes": []}
+        ep["strays"] = cell.remove_strays()
+        while cell.bodies.objects and ep["attempts"] < self.max_attempts * n0:
+            dec = self.ask(rngs, force)
+            if dec.grasp is None:
+                self.totals["no_grasp"] += 1
+                key = (dec.reason or "no grasp").split("(")[0].strip()
+                self.reasons[key] = self.reasons.get(key, 0) + 1
+                ep["outcomes"].append({"grasp": None, "success": False, "reason": dec.reason})
+                if self.no_grasp == "end_episode":
+                    break
+                ep["attempts"] += 1
+                continue
+            ep["attempts"] += 1
+            ep["outcomes"].append(self.execute(dec, force, ep, failed))
+        for key in ("objects", "attempts", "successes", "cleared", "strays"):
+            self.totals[key] += ep[key]
+        return ep
+
+
 def evaluate(
     policy: EvalPolicy | Callable[[np.ndarray | None], DecodedGrasp],
     domain_profile_cfg: DictConfig | dict | str,
@@ -181,74 +256,21 @@ def evaluate(
     uses_pixels = bool(getattr(policy, "uses_pixels", True))
     renderer = SceneRenderer(calib, cfg, EVAL_SEED_BASE + int(seed))
     t0 = time.perf_counter()
-    totals = {"objects": 0, "attempts": 0, "successes": 0, "cleared": 0, "no_grasp": 0, "given_up": 0, "strays": 0}
-    reasons: dict[str, int] = {}
     episodes = []
     truncated = False
     try:
-        world = renderer.world()
-        cell, hand = world.cell, world.hand
+        run = _Episodes(policy, renderer, cfg, max_attempts_per_object, no_grasp, camera_calibration)
         for e in range(episode_offset, episode_offset + int(n_episodes)):
             if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
                 truncated = True
                 break
-            rngs, params = renderer.build_scene(e)
-            force = float(params["physics"]["gripper_force"])
-            n0 = len(cell.bodies.objects)
-            failed: dict[int, int] = {b: 0 for b in cell.bodies.objects}
-            ep = {"episode": e, "objects": n0, "attempts": 0, "successes": 0, "cleared": 0, "outcomes": []}
-            ep_rng = rngs["grasps"]
-            strays0 = cell.remove_strays()
-            ep["strays"] = strays0
-            while cell.bodies.objects and ep["attempts"] < max_attempts_per_object * n0:
-                rgb, camera = None, None
-                if uses_pixels:
-                    frame = renderer.render_frame(rngs["visuals"])
-                    rgb, camera = frame.rgb, frame.camera
-                if hasattr(policy, "bind"):
-                    policy.bind(EvalContext(cell, hand, world.calib, cfg, world.timing, force, ep_rng, camera,
-                                            frame=frame if uses_pixels else None))
-                if camera is not None and camera_calibration == "actual" and getattr(policy, "takes_calibration", False):
-                    dec = policy(rgb, calibration=camera.scaled(tuple(world.calib.image_size)))
-                else:
-                    dec = policy(rgb)
-                if dec.grasp is None:
-                    totals["no_grasp"] += 1
-                    key = (dec.reason or "no grasp").split("(")[0].strip()
-                    reasons[key] = reasons.get(key, 0) + 1
-                    ep["outcomes"].append({"grasp": None, "success": False, "reason": dec.reason})
-                    if no_grasp == "end_episode":
-                        break
-                    ep["attempts"] += 1
-                    continue
-                ep["attempts"] += 1
-                target = cell.object_under(dec.grasp.position[0], dec.grasp.position[1], BLAME_RADIUS)
-                out = hand.execute(dec.grasp, force, world.timing)
-                rec = {"grasp": dec.grasp.to_dict(), "success": bool(out.success)}
-                if out.success and 0 <= out.lifted_object < len(cell.bodies.objects):
-                    cell.remove_object(out.lifted_object)
-                    ep["successes"] += 1
-                    ep["cleared"] += 1
-                else:
-                    rec["success"] = False
-                    if target is not None and target in cell.bodies.objects:
-                        failed[target] = failed.get(target, 0) + 1
-                        if failed[target] >= max_attempts_per_object:
-                            cell.remove_object(cell.bodies.objects.index(target))
-                            totals["given_up"] += 1
-                cell.settle(int(cfg.physics.settle_steps) // 2)
-                ep["strays"] += cell.remove_strays()
-                ep["outcomes"].append(rec)
-            totals["objects"] += n0
-            totals["attempts"] += ep["attempts"]
-            totals["successes"] += ep["successes"]
-            totals["cleared"] += ep["cleared"]
-            totals["strays"] += ep["strays"]
+            ep = run.episode(e)
             episodes.append(ep)
-            log.info("%s %s episode %d: %d/%d attempts succeeded, %d/%d objects cleared",
-                     domain, getattr(policy, "name", "policy"), e, ep["successes"], ep["attempts"], ep["cleared"], n0)
+            log.info("%s %s episode %d: %d/%d attempts succeeded, %d/%d objects cleared", domain,
+                     getattr(policy, "name", "policy"), e, ep["successes"], ep["attempts"], ep["cleared"], ep["objects"])
     finally:
         renderer.close()
+    totals, reasons = run.totals, run.reasons
     n, k = totals["attempts"], totals["successes"]
     lo, hi = wilson_interval(k, n)
     result = {
