@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +119,26 @@ def run_pipeline(cfg: DictConfig) -> dict:
     return report
 
 
+@dataclass
+class _Run:
+    """What every stage of one pipeline run shares."""
+
+    cfg: DictConfig
+    out: Path
+    calib_path: Path
+    calib: Calibration
+    stages: Stages
+    seed: int
+
+    @property
+    def budget(self) -> DictConfig:
+        return self.cfg.budget
+
+
 def _run_pipeline(cfg: DictConfig) -> dict:
-    from policies.loggers import logger_name
+    """The flow: real frames -> sim data -> adaptation -> policy -> (task consistency) ->
+    int8 -> the served artifact -> evaluation in the twin -> report."""
     from policies.train import check_policy_config
-    from sim_render.api import render_config
-    from sim_render.cli import render
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
     if cfg.get("int8") is not None:
@@ -133,175 +149,32 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     calib_path = calibration_path(cfg.calibration)
-    calib = Calibration.load(calib_path)
-    budget = cfg.budget
-    stages = Stages(out, bool(cfg.reuse))
-    seed = int(cfg.seed)
+    run = _Run(cfg, out, calib_path, Calibration.load(calib_path), Stages(out, bool(cfg.reuse)), int(cfg.seed))
 
-    # -- real frames: the user's folder, or the target stand-in rendered for them.
-    if cfg.real_dir:
-        from adaptation.images import list_real_frames, load_real_frames
-
-        real_dir = Path(str(cfg.real_dir))
-        load_real_frames(real_dir, calib)  # stops here, naming the file, on bad input
-        real_key = {"real_dir": str(real_dir.resolve()), "files": [
-            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in list_real_frames(real_dir)]}
-        real_hash = stage_hash(real_key)
-    else:
-        from sim_render.api import export_real_frames
-
-        def make_real(d: Path) -> dict:
-            rcfg = render_config(d / "dataset", int(budget.real.n_scenes), "target",
-                                 int(cfg.real_seed_offset) + seed, calib_path, list(budget.real.overrides))
-            render(rcfg)
-            paths = export_real_frames(d / "dataset", d / "frames", tuple(calib.image_size))
-            return {"real_dir": str(d / "frames"), "n_frames": len(paths)}
-
-        real_payload = {"calibration": calib.digest(), "n": int(budget.real.n_scenes), "seed": seed,
-                        "offset": int(cfg.real_seed_offset), "overrides": list(budget.real.overrides),
-                        "profile": _profile_payload(out, "target", calib_path, list(budget.real.overrides))}
-        _, real_res, real_hash = stages.run("real", real_payload, make_real)
-        real_dir = Path(real_res["real_dir"])
-
-    # -- sim data for the policy (and the translator).
-    render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides,
-                   *(cfg.randomization.overrides if cfg.get("randomization") else [])]
-    render_payload = {"calibration": calib.digest(), "n": int(budget.render.n_scenes), "seed": seed,
-                      "overrides": render_over,
-                      "profile": _profile_payload(out, "randomized", calib_path, render_over)}
-
-    def make_render(d: Path) -> dict:
-        rcfg = render_config(d, int(budget.render.n_scenes), "randomized", seed, calib_path, render_over,
-                             int(budget.render.workers))
-        manifest = render(rcfg)
-        return {"dataset": str(d), "totals": manifest.get("totals", {})}
-
-    sim_path, sim_res, sim_hash = stages.run("render", render_payload, make_render)
-
-    # -- adaptation.
-    translator, translator_path = None, None
-    adapt_res: dict = {"adaptation": "none"}
-    adapt_hash = "none"
-    if str(cfg.adaptation.name) != "none":
-        from adaptation.train import compose_config as adapt_compose
-        from adaptation.train import train as adapt_train
-
-        adaptation = to_plain(cfg.adaptation)
-        adaptation["image_size"] = list(cfg.policy.view_size)  # translate at the policy's view scale ...
-        if cfg.policy.get("view") is not None:
-            adaptation["view"] = to_plain(cfg.policy.view)  # ... and in its view: the images the policy sees
-        a_budget = to_plain(budget.adapt)
-        a_payload = {"adaptation": adaptation, "budget": a_budget, "sim": sim_hash, "real": real_hash,
-                     "calibration": calib.digest(), "seed": seed}
-
-        def make_adapt(d: Path) -> dict:
-            acfg = adapt_compose([f"adaptation={cfg.adaptation.name}", f"logger={logger_name(cfg.get('logger'))}"])
-            OmegaConf.set_struct(acfg, False)
-            acfg.adaptation = OmegaConf.create(adaptation)
-            for k, v in a_budget.items():
-                acfg[k] = v
-            acfg.sim_dir, acfg.real_dir, acfg.output_dir = str(sim_path), str(real_dir), str(d)
-            acfg.calibration, acfg.seed = str(calib_path), seed
-            acfg.ckpt_path = "last"  # an interrupted attempt continues (a fresh run when there is none)
-            return adapt_train(acfg)
-
-        adapt_path, adapt_res, adapt_hash = stages.run("adapt", a_payload, make_adapt)
-        from adaptation.translate import Translator
-
-        translator = Translator(str(adapt_path))
-        translator_path = str(adapt_path)
-
-    # -- policy (training exports the artifact into the stage).
-    from policies.train import train_policy
-
-    p_cfg = to_plain(cfg.policy)
-    p_cfg.update({k: v for k, v in to_plain(budget.policy).items()})
-    p_payload = {"policy": p_cfg, "sim": sim_hash, "adapt": adapt_hash, "seed": seed}
-    if p_cfg.get("base"):
-        from policies.base import base_digest
-
-        p_payload["base_digest"] = base_digest(p_cfg["base"])  # a retrained base trains anew
-    if p_cfg.get("geometry"):
-        from policies.base import base_digest
-
-        p_payload["geometry_digest"] = base_digest(p_cfg["geometry"])  # a retrained geometry network exports anew
-
-    def make_policy(d: Path) -> dict:
-        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": to_plain(cfg.get("logger"))}),
-                               [str(sim_path)], d,
-                               translator=translator, seed=seed, ckpt_path="last")
-        return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
-                                        "n_train_frames", "n_val_frames", "adapted", "base")}
-
-    policy_path, policy_res, policy_hash = stages.run("policy", p_payload, make_policy)
-
-    # -- task consistency (optional, after RL-CycleGAN): fine-tune the translator so that the
-    # policy's maps agree on sim frames and their translations, retranslate, fine-tune the policy.
-    tc = to_plain(cfg.get("task_consistency")) or {}
-    consistency_res: dict | None = None
-    if tc.get("enabled") and translator is None:
-        log.warning("task_consistency.enabled is ignored with adaptation=none: there is no translator to fine-tune")
-    if tc.get("enabled") and translator is not None:
-        c_payload = {"task_consistency": tc, "policy": policy_hash, "adapt": adapt_hash, "sim": sim_hash, "seed": seed}
-
-        def make_consistency(d: Path) -> dict:
-            return task_consistency_stage(tc, p_cfg, cfg, str(sim_path), adapt_path, policy_res, d, seed)
-
-        _, consistency_res, policy_hash = stages.run("consistency", c_payload, make_consistency)
-        from adaptation.translate import Translator
-
-        translator = Translator(consistency_res["generator"])
-        translator_path = str(consistency_res["generator"])
-        policy_res = {**policy_res, **consistency_res["policy"], "task_consistency": consistency_res["finetune"]}
-
-    # -- int8 graphs for a CPU robot (policies/int8.py), their ranges from the real frames.
-    int8_cfg = to_plain(cfg.get("int8")) or {}
-    int8_res: dict | None = None
-    served = policy_res["artifact"]  # what sim2real-serve gets: the policy's artifact, with int8 graphs when made
-    if int8_cfg.get("enabled"):
-        i_payload = {"int8": int8_cfg, "policy": policy_hash, "real": real_hash}
-
-        def make_int8(d: Path) -> dict:
-            return int8_stage(policy_res["artifact"], real_dir, calib, int(int8_cfg["max_frames"]), d)
-
-        _, int8_res, i_hash = stages.run("int8", i_payload, make_int8)
-        if int8_res.get("artifact"):
-            served, policy_hash = int8_res["artifact"], i_hash
-
+    real_dir, real_hash = _real_frames(run)
+    sim_path, sim_res, sim_hash = _render_stage(run)
+    adapt_path, adapt_res, adapt_hash = _adapt_stage(run, sim_path, sim_hash, real_dir, real_hash)
+    translator_path = str(adapt_path) if adapt_path is not None else None
+    p_cfg, policy_res, policy_hash = _policy_stage(run, sim_path, sim_hash, translator_path, adapt_hash)
+    consistency_res, policy_res, policy_hash, translator_path = _consistency_stage(
+        run, sim_path, sim_hash, adapt_path, adapt_hash, p_cfg, policy_res, policy_hash, translator_path)
+    served, int8_res, policy_hash = _int8(run, policy_res, policy_hash, real_dir, real_hash)
     artifact = replace_tree(served, out / "artifact")
+    eval_res = _eval_stage(run, served, policy_hash)
 
-    # -- evaluation in the twin: every domain, plus the brackets.
-    from policies.eval_adapters import OnnxPolicy
-    from policies.evaluate import evaluate_domains
-
-    e_cfg = to_plain(budget.eval)
-    e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": calib.digest(), "seed": seed}
-
-    def make_eval(d: Path) -> dict:
-        pol = OnnxPolicy(served, calib)
-        res = evaluate_domains(pol, list(e_cfg["domains"]), calib, int(e_cfg["n_episodes"]), seed,
-                               bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"],
-                               empty_bin_frames=int(e_cfg.get("empty_bin_frames", 0)))
-        write_json(d / "eval.json", res)
-        return res
-
-    _, eval_res, _ = stages.run("eval", e_payload, make_eval)
-
-    # -- report.
     from policies.pipeline.report import write_report
 
-    total = time.perf_counter() - t_start
     report = {
         "config": to_plain(cfg),
         "calibration": str(calib_path),
         "real_dir": str(real_dir),
         "artifact": str(artifact),
-        "budget": str(budget.name),
+        "budget": str(run.budget.name),
         "adaptation": str(cfg.adaptation.name),
-        "seed": seed,
-        "wall_s": total,
+        "seed": run.seed,
+        "wall_s": time.perf_counter() - t_start,
         "stages": {k: {"wall_s": v["wall_s"], "reused": v["reused"], "hash": v["hash"]}
-                   for k, v in stages.records.items()},
+                   for k, v in run.stages.records.items()},
         "render": sim_res,
         # What sim2real-finetune continues from: the sim frames, the translator the policy saw
         # them through, the policy's resolved config.
@@ -314,8 +187,190 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "int8": int8_res,
         "evaluation": eval_res,
     }
-    write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=calib)
+    write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=_translator(translator_path),
+                 calib=run.calib)
     return report
+
+
+def _translator(path: str | None) -> Any:
+    """The sim -> adapted translator saved at ``path`` (``None``: none)."""
+    if path is None:
+        return None
+    from adaptation.translate import Translator
+
+    return Translator(path)
+
+
+def _real_frames(run: _Run) -> tuple[Path, str]:
+    """The real frames: the user's folder (checked, hashed by name, size and time), or the
+    ``target`` stand-in rendered for them. Returns the folder and its hash."""
+    cfg, calib, budget, seed = run.cfg, run.calib, run.budget, run.seed
+    if cfg.real_dir:
+        from adaptation.images import list_real_frames, load_real_frames
+
+        real_dir = Path(str(cfg.real_dir))
+        load_real_frames(real_dir, calib)  # stops here, naming the file, on bad input
+        real_key = {"real_dir": str(real_dir.resolve()), "files": [
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in list_real_frames(real_dir)]}
+        return real_dir, stage_hash(real_key)
+    from sim_render.api import export_real_frames, render_config
+    from sim_render.cli import render
+
+    def make_real(d: Path) -> dict:
+        rcfg = render_config(d / "dataset", int(budget.real.n_scenes), "target",
+                             int(cfg.real_seed_offset) + seed, run.calib_path, list(budget.real.overrides))
+        render(rcfg)
+        paths = export_real_frames(d / "dataset", d / "frames", tuple(calib.image_size))
+        return {"real_dir": str(d / "frames"), "n_frames": len(paths)}
+
+    real_payload = {"calibration": calib.digest(), "n": int(budget.real.n_scenes), "seed": seed,
+                    "offset": int(cfg.real_seed_offset), "overrides": list(budget.real.overrides),
+                    "profile": _profile_payload(run.out, "target", run.calib_path, list(budget.real.overrides))}
+    _, real_res, real_hash = run.stages.run("real", real_payload, make_real)
+    return Path(real_res["real_dir"]), real_hash
+
+
+def _render_stage(run: _Run) -> tuple[Path, dict, str]:
+    """The policy's (and the translator's) randomized sim data."""
+    from sim_render.api import render_config
+    from sim_render.cli import render
+
+    cfg, budget, seed = run.cfg, run.budget, run.seed
+    render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides,
+                   *(cfg.randomization.overrides if cfg.get("randomization") else [])]
+    render_payload = {"calibration": run.calib.digest(), "n": int(budget.render.n_scenes), "seed": seed,
+                      "overrides": render_over,
+                      "profile": _profile_payload(run.out, "randomized", run.calib_path, render_over)}
+
+    def make_render(d: Path) -> dict:
+        rcfg = render_config(d, int(budget.render.n_scenes), "randomized", seed, run.calib_path, render_over,
+                             int(budget.render.workers))
+        manifest = render(rcfg)
+        return {"dataset": str(d), "totals": manifest.get("totals", {})}
+
+    return run.stages.run("render", render_payload, make_render)
+
+
+def _adapt_stage(run: _Run, sim_path: Path, sim_hash: str, real_dir: Path,
+                 real_hash: str) -> tuple[Path | None, dict, str]:
+    """The sim -> real translator (``adaptation=none``: none), trained at the policy's view
+    scale and in its view: the images the policy sees."""
+    cfg = run.cfg
+    if str(cfg.adaptation.name) == "none":
+        return None, {"adaptation": "none"}, "none"
+    from adaptation.train import compose_config as adapt_compose
+    from adaptation.train import train as adapt_train
+    from policies.loggers import logger_name
+
+    adaptation = to_plain(cfg.adaptation)
+    adaptation["image_size"] = list(cfg.policy.view_size)
+    if cfg.policy.get("view") is not None:
+        adaptation["view"] = to_plain(cfg.policy.view)
+    a_budget = to_plain(run.budget.adapt)
+    a_payload = {"adaptation": adaptation, "budget": a_budget, "sim": sim_hash, "real": real_hash,
+                 "calibration": run.calib.digest(), "seed": run.seed}
+
+    def make_adapt(d: Path) -> dict:
+        acfg = adapt_compose([f"adaptation={cfg.adaptation.name}", f"logger={logger_name(cfg.get('logger'))}"])
+        OmegaConf.set_struct(acfg, False)
+        acfg.adaptation = OmegaConf.create(adaptation)
+        for k, v in a_budget.items():
+            acfg[k] = v
+        acfg.sim_dir, acfg.real_dir, acfg.output_dir = str(sim_path), str(real_dir), str(d)
+        acfg.calibration, acfg.seed = str(run.calib_path), run.seed
+        acfg.ckpt_path = "last"  # an interrupted attempt continues (a fresh run when there is none)
+        return adapt_train(acfg)
+
+    return run.stages.run("adapt", a_payload, make_adapt)
+
+
+def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator_path: str | None,
+                  adapt_hash: str) -> tuple[dict, dict, str]:
+    """The policy, trained (from the base) on the sim frames seen through the translator;
+    training exports the artifact into the stage. Returns its resolved config too."""
+    from policies.base import base_digest
+    from policies.train import train_policy
+
+    cfg, seed = run.cfg, run.seed
+    p_cfg = to_plain(cfg.policy)
+    p_cfg.update({k: v for k, v in to_plain(run.budget.policy).items()})
+    p_payload = {"policy": p_cfg, "sim": sim_hash, "adapt": adapt_hash, "seed": seed}
+    if p_cfg.get("base"):
+        p_payload["base_digest"] = base_digest(p_cfg["base"])  # a retrained base trains anew
+    if p_cfg.get("geometry"):
+        p_payload["geometry_digest"] = base_digest(p_cfg["geometry"])  # a retrained geometry network exports anew
+
+    def make_policy(d: Path) -> dict:
+        summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": to_plain(cfg.get("logger"))}),
+                               [str(sim_path)], d, translator=_translator(translator_path), seed=seed,
+                               ckpt_path="last")
+        return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
+                                        "n_train_frames", "n_val_frames", "adapted", "base")}
+
+    _, policy_res, policy_hash = run.stages.run("policy", p_payload, make_policy)
+    return p_cfg, policy_res, policy_hash
+
+
+def _consistency_stage(run: _Run, sim_path: Path, sim_hash: str, adapt_path: Path | None, adapt_hash: str,
+                       p_cfg: dict, policy_res: dict, policy_hash: str,
+                       translator_path: str | None) -> tuple[dict | None, dict, str, str | None]:
+    """Task consistency (optional, after RL-CycleGAN): fine-tune the translator so that the
+    policy's maps agree on sim frames and their translations, retranslate, fine-tune the
+    policy. Returns its result and the policy, its hash and the translator after it."""
+    tc = to_plain(run.cfg.get("task_consistency")) or {}
+    if not tc.get("enabled"):
+        return None, policy_res, policy_hash, translator_path
+    if adapt_path is None:
+        log.warning("task_consistency.enabled is ignored with adaptation=none: there is no translator to fine-tune")
+        return None, policy_res, policy_hash, translator_path
+    c_payload = {"task_consistency": tc, "policy": policy_hash, "adapt": adapt_hash, "sim": sim_hash, "seed": run.seed}
+
+    def make_consistency(d: Path) -> dict:
+        return task_consistency_stage(tc, p_cfg, run.cfg, str(sim_path), adapt_path, policy_res, d, run.seed)
+
+    _, res, policy_hash = run.stages.run("consistency", c_payload, make_consistency)
+    policy_res = {**policy_res, **res["policy"], "task_consistency": res["finetune"]}
+    return res, policy_res, policy_hash, str(res["generator"])
+
+
+def _int8(run: _Run, policy_res: dict, policy_hash: str, real_dir: Path,
+          real_hash: str) -> tuple[str, dict | None, str]:
+    """int8 graphs for a CPU robot (policies/int8.py), their ranges from the real frames.
+    Returns what sim2real-serve gets (the policy's artifact, with int8 graphs when made),
+    the stage's result and the hash the evaluation follows."""
+    int8_cfg = to_plain(run.cfg.get("int8")) or {}
+    served = policy_res["artifact"]
+    if not int8_cfg.get("enabled"):
+        return served, None, policy_hash
+    i_payload = {"int8": int8_cfg, "policy": policy_hash, "real": real_hash}
+
+    def make_int8(d: Path) -> dict:
+        return int8_stage(policy_res["artifact"], real_dir, run.calib, int(int8_cfg["max_frames"]), d)
+
+    _, int8_res, i_hash = run.stages.run("int8", i_payload, make_int8)
+    if int8_res.get("artifact"):
+        return int8_res["artifact"], int8_res, i_hash
+    return served, int8_res, policy_hash
+
+
+def _eval_stage(run: _Run, served: str, policy_hash: str) -> dict:
+    """The served artifact in the twin: every domain, the brackets, the empty bins."""
+    from policies.eval_adapters import OnnxPolicy
+    from policies.evaluate import evaluate_domains
+
+    e_cfg = to_plain(run.budget.eval)
+    e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": run.calib.digest(), "seed": run.seed}
+
+    def make_eval(d: Path) -> dict:
+        pol = OnnxPolicy(served, run.calib)
+        res = evaluate_domains(pol, list(e_cfg["domains"]), run.calib, int(e_cfg["n_episodes"]), run.seed,
+                               bracket_episodes=int(e_cfg["bracket_episodes"]), render_scale=e_cfg["render_scale"],
+                               empty_bin_frames=int(e_cfg.get("empty_bin_frames", 0)))
+        write_json(d / "eval.json", res)
+        return res
+
+    _, eval_res, _ = run.stages.run("eval", e_payload, make_eval)
+    return eval_res
 
 
 def int8_stage(artifact: str | Path, real_dir: Path, calib: Calibration, max_frames: int, d: Path) -> dict:
