@@ -130,6 +130,28 @@ def _links(client: Any, body: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- validation
+class _Problems(list):
+    """The problems found in a profile, with the checks the sections share."""
+
+    def range(self, section: Mapping, key: str, where: str, lo_min: float | None = None) -> None:
+        """``section[key]`` is a range ``[lo, hi]`` (lo <= hi), lo at least ``lo_min``."""
+        if key not in section:
+            self.append(f"{where}.{key} is missing")
+            return
+        try:
+            lo, _ = _pair(section[key], f"{where}.{key}")
+        except (TypeError, ValueError) as exc:
+            self.append(f"{where}.{key}: {exc}")
+            return
+        if lo_min is not None and lo < lo_min:
+            self.append(f"{where}.{key} must be >= {lo_min}, got {section[key]}")
+
+    def prob(self, section: Mapping, key: str, where: str) -> None:
+        """``section[key]`` is a probability."""
+        if key not in section or not 0.0 <= float(section[key]) <= 1.0:
+            self.append(f"{where}.{key} must be a probability in [0, 1]")
+
+
 def validate_profile(cfg: Mapping) -> None:
     """Check a render profile's randomization sections once, before rendering.
 
@@ -141,71 +163,81 @@ def validate_profile(cfg: Mapping) -> None:
             texture pool larger than :data:`sim_render.textures.MAX_TEXTURES_PER_CLIENT`.
     """
     cfg = as_plain(cfg)
-    problems: list[str] = []
-
-    def check_range(section: Mapping, key: str, where: str, lo_min: float | None = None) -> None:
-        if key not in section:
-            problems.append(f"{where}.{key} is missing")
-            return
-        try:
-            lo, _ = _pair(section[key], f"{where}.{key}")
-        except (TypeError, ValueError) as exc:
-            problems.append(f"{where}.{key}: {exc}")
-            return
-        if lo_min is not None and lo < lo_min:
-            problems.append(f"{where}.{key} must be >= {lo_min}, got {section[key]}")
-
-    def check_prob(section: Mapping, key: str, where: str) -> None:
-        if key not in section or not 0.0 <= float(section[key]) <= 1.0:
-            problems.append(f"{where}.{key} must be a probability in [0, 1]")
-
     sections = ("camera", "lighting", "textures", "colors", "sensor", "distractors", "physics")
     missing = [s for s in (*sections, "render_margin", "renderer", "resolution_scale") if s not in cfg]
     if missing:
         raise ValueError(f"render profile '{cfg.get('name')}' lacks {missing}")
+    problems = _Problems()
     if cfg["renderer"] not in RENDERERS:
         problems.append(f"renderer '{cfg['renderer']}' is unknown; known: {list(RENDERERS)}")
     for key in _CAMERA_JITTERS:
         if float(cfg["camera"].get(key, -1)) < 0:
             problems.append(f"camera.{key} must be a number >= 0")
-    light = cfg["lighting"]
+    _check_lighting(cfg["lighting"], problems)
+    _check_textures(cfg["textures"], problems)
+    _check_colors(cfg["colors"], problems)
+    sensor = cfg["sensor"]
+    for key in SENSOR_KEYS:
+        if key.endswith("_prob"):
+            problems.prob(sensor, key, "sensor")
+        else:
+            problems.range(sensor, key, "sensor", None if key == "contrast" else 0.0)
+    _check_distractors(cfg["distractors"], problems)
+    for key in (*_PER_OBJECT, *_PER_SCENE):
+        problems.range(cfg["physics"], key, "physics", 0.0)
+    if cfg.get("surface_textures") is not None:
+        problems += validate_surface_textures(cfg["surface_textures"])
+    walls = cfg.get("bin_walls")
+    if walls is not None:
+        problems.range(walls, "height", "bin_walls", 1e-3)
+        problems.range(walls, "thickness", "bin_walls", 1e-3)
+        if "height" in walls and float(walls["height"][1]) > 0.06:
+            problems.append("bin_walls.height must stay within the contract's 0.06 m")
+    if not 0.0 <= float(cfg.get("empty_scene_prob", 0.0)) <= 1.0:
+        problems.append("empty_scene_prob must be a probability in [0, 1]")
+    if problems:
+        raise ValueError(f"render profile '{cfg.get('name')}' is invalid:\n  " + "\n  ".join(problems))
+
+
+def _check_lighting(light: Mapping, problems: _Problems) -> None:
     for key in _LIGHTING_RANGES:
-        check_range(light, key, "lighting")
+        problems.range(light, key, "lighting")
     if len(light.get("color", [])) != 3:
         problems.append("lighting.color must hold three ranges (R, G, B)")
     else:
         for i, channel in enumerate("rgb"):
-            check_range({channel: light["color"][i]}, channel, "lighting.color", 0.0)
-    check_prob(light, "shadow_prob", "lighting")
+            problems.range({channel: light["color"][i]}, channel, "lighting.color", 0.0)
+    problems.prob(light, "shadow_prob", "lighting")
     if light.get("cast_shadow") is not None:
         problems += validate_cast_shadow(light["cast_shadow"])
-    tex = cfg["textures"]
+
+
+def _check_textures(tex: Mapping, problems: _Problems) -> None:
     kinds: set[str] = set()
     for surface in _SURFACES:
         s = tex.get(surface, {})
-        check_prob(s, "prob", f"textures.{surface}")
-        check_prob(s, "tint", f"textures.{surface}")
+        problems.prob(s, "prob", f"textures.{surface}")
+        problems.prob(s, "tint", f"textures.{surface}")
         unknown = sorted(set(map(str, s.get("kinds", []))) - set(TEXTURES))
         if unknown:
             problems.append(f"textures.{surface}.kinds has unknown {unknown}; known: {sorted(TEXTURES)}")
         kinds |= set(map(str, s.get("kinds", [])))
     pool = len(kinds) * int(tex.get("variants_per_kind", 0))
-    if (
-        pool > MAX_TEXTURES_PER_CLIENT
-        or int(tex.get("variants_per_kind", 0)) < 1
-        or int(tex.get("size", 0)) < 1
-    ):
+    if pool > MAX_TEXTURES_PER_CLIENT or int(tex.get("variants_per_kind", 0)) < 1 or int(tex.get("size", 0)) < 1:
         problems.append(
             f"textures: size >= 1 px and 1 <= kinds x variants_per_kind <= {MAX_TEXTURES_PER_CLIENT} "
             f"(got {len(kinds)} kinds x {tex.get('variants_per_kind')})"
         )
+
+
+def _check_colors(colors: Mapping, problems: _Problems) -> None:
     for surface in _SURFACES:
-        c = cfg["colors"].get(surface)
+        c = colors.get(surface)
         if c is None:
             problems.append(f"colors.{surface} is missing")
             continue
         for key in _COLOR_RANGES:
-            check_range(c, key, f"colors.{surface}", 0.0)
+            problems.range(c, key, f"colors.{surface}", 0.0)
         palette = c.get("palette")
         if not isinstance(palette, list) or any(
             not isinstance(rgb, list) or len(rgb) != 3 or not all(0.0 <= float(v) <= 1.0 for v in rgb)
@@ -214,35 +246,17 @@ def validate_profile(cfg: Mapping) -> None:
             problems.append(f"colors.{surface}.palette must be a list of [r, g, b] in [0, 1]")
         if float(c.get("palette_jitter", -1)) < 0:
             problems.append(f"colors.{surface}.palette_jitter must be >= 0")
-    sensor = cfg["sensor"]
-    for key in SENSOR_KEYS:
-        if key.endswith("_prob"):
-            check_prob(sensor, key, "sensor")
-        else:
-            check_range(sensor, key, "sensor", None if key == "contrast" else 0.0)
-    d = cfg["distractors"]
-    check_range(d, "count", "distractors", 0.0)
-    check_range(d, "size", "distractors", 1e-4)
+
+
+def _check_distractors(d: Mapping, problems: _Problems) -> None:
+    problems.range(d, "count", "distractors", 0.0)
+    problems.range(d, "size", "distractors", 1e-4)
     for key in ("clearance", "band", "occlusion_height"):
         if float(d.get(key, -1)) < 0:
             problems.append(f"distractors.{key} must be a number >= 0")
     unknown_shapes = sorted(set(map(str, d.get("shapes", []))) - set(_DISTRACTOR_SHAPES))
     if unknown_shapes:
         problems.append(f"distractors.shapes has unknown {unknown_shapes}; known: {list(_DISTRACTOR_SHAPES)}")
-    for key in (*_PER_OBJECT, *_PER_SCENE):
-        check_range(cfg["physics"], key, "physics", 0.0)
-    if cfg.get("surface_textures") is not None:
-        problems += validate_surface_textures(cfg["surface_textures"])
-    walls = cfg.get("bin_walls")
-    if walls is not None:
-        check_range(walls, "height", "bin_walls", 1e-3)
-        check_range(walls, "thickness", "bin_walls", 1e-3)
-        if "height" in walls and float(walls["height"][1]) > 0.06:
-            problems.append("bin_walls.height must stay within the contract's 0.06 m")
-    if not 0.0 <= float(cfg.get("empty_scene_prob", 0.0)) <= 1.0:
-        problems.append("empty_scene_prob must be a probability in [0, 1]")
-    if problems:
-        raise ValueError(f"render profile '{cfg.get('name')}' is invalid:\n  " + "\n  ".join(problems))
 
 
 # ------------------------------------------------------------------- visuals
