@@ -169,23 +169,7 @@ def train_policy(
     )
     if len(train_ds) == 0:
         raise ValueError(f"no training frames in {list(dataset_dirs)}")
-    bs = int(pcfg.batch_size)
-    nw = int(pcfg.get("num_workers", 0))
-    loader_kw = {"num_workers": nw, "persistent_workers": nw > 0}
-    if extra_train is not None and len(extra_train) and extra_fraction > 0:
-        from torch.utils.data import ConcatDataset, WeightedRandomSampler
-
-        n_sim, n_extra = len(train_ds), len(extra_train)
-        f = min(max(float(extra_fraction), 0.0), 1.0)
-        weights = torch.cat([torch.full((n_sim,), (1.0 - f) / n_sim), torch.full((n_extra,), f / n_extra)])
-        sampler = WeightedRandomSampler(weights, num_samples=n_sim + n_extra, replacement=True,
-                                        generator=torch.Generator().manual_seed(int(seed)))
-        train_loader = DataLoader(ConcatDataset([train_ds, extra_train]), batch_size=bs, sampler=sampler,
-                                  drop_last=n_sim + n_extra >= bs, **loader_kw)
-    else:
-        train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs, **loader_kw)
-    val_loader = DataLoader(val_ds, batch_size=bs, shuffle=False, **loader_kw) if val_ds is not None else None
-
+    train_loader, val_loader = _loaders(pcfg, train_ds, val_ds, extra_train, extra_fraction, int(seed))
     pcfg_dict = OmegaConf.to_container(pcfg, resolve=True)
     module = GraspPolicyModule(
         network={"angle_bins": angle_bins, **OmegaConf.to_container(pcfg.network, resolve=True)},
@@ -200,51 +184,8 @@ def train_policy(
     from adaptation.train import resolve_ckpt_path
 
     resume = resolve_ckpt_path(None if ckpt_path is None else str(ckpt_path), out)
-    base_info = None
-    if init_from is not None:
-        state = torch.load(str(init_from), map_location="cpu", weights_only=True)["state_dict"]
-        module.load_state_dict(state)
-    elif pcfg.get("base") and resume is None:
-        from policies.base import base_digest, load_base
-
-        module.load_state_dict(load_base(pcfg.base)["state_dict"])
-        base_info = {"name": str(pcfg.base), "digest": base_digest(pcfg.base)}
-        log.info("policy: starting from the base %s (%s)", pcfg.base, base_info["digest"])
-
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    from policies.loggers import policy_logger
-
-    val_every = int(pcfg.val_every_n_steps)
-    ckpt_cb = ModelCheckpoint(
-        dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-        save_last=True, save_top_k=1, every_n_train_steps=val_every,
-    )
-    max_time = None
-    if pcfg.get("max_time_s"):
-        max_time = datetime.timedelta(seconds=float(pcfg.max_time_s))
-    # A trainer group (conf/trainer/*.yaml, e.g. trainer=ddp) wins over the policy's device keys.
-    tkw: dict[str, Any] = {"accelerator": str(pcfg.accelerator), "devices": pcfg.devices,
-                           "precision": pcfg.precision, "enable_progress_bar": False, "deterministic": False}
-    if full.get("trainer"):
-        tkw.update(OmegaConf.to_container(full.trainer, resolve=True))
-    tlog = policy_logger(full.get("logger"), out, OmegaConf.to_container(full, resolve=True), resume=resume)
-    trainer = pl.Trainer(
-        default_root_dir=str(out),
-        max_steps=int(pcfg.max_steps),
-        max_epochs=-1,
-        max_time=max_time,
-        logger=tlog.logger,
-        callbacks=[ckpt_cb, *callbacks],
-        val_check_interval=val_every if val_loader is not None else None,
-        check_val_every_n_epoch=None,
-        limit_val_batches=pcfg.limit_val_batches if val_loader is not None else 0,
-        num_sanity_val_steps=0,
-        log_every_n_steps=int(pcfg.log_every_n_steps),
-        enable_model_summary=False,
-        fast_dev_run=fast_dev_run,
-        **tkw,
-    )
+    base_info = _start_weights(module, pcfg, init_from, resume)
+    trainer, tlog = _trainer(full, pcfg, out, resume, val_loader is not None, callbacks, fast_dev_run)
     t0 = time.perf_counter()
     try:
         trainer.fit(module, train_loader, val_loader, ckpt_path=str(resume) if resume else None)
@@ -291,6 +232,85 @@ def train_policy(
         write_json(out / "train_summary.json", summary)
     tlog.finish()
     return summary
+
+
+def _loaders(pcfg: DictConfig, train_ds: Dataset, val_ds: Dataset | None, extra_train: Dataset | None,
+             extra_fraction: float, seed: int) -> tuple[DataLoader, DataLoader | None]:
+    """The training loader (the sim frames, mixed with ``extra_train`` as ``extra_fraction`` of
+    each epoch's items when given) and the validation loader."""
+    bs = int(pcfg.batch_size)
+    nw = int(pcfg.get("num_workers", 0))
+    loader_kw = {"num_workers": nw, "persistent_workers": nw > 0}
+    if extra_train is not None and len(extra_train) and extra_fraction > 0:
+        from torch.utils.data import ConcatDataset, WeightedRandomSampler
+
+        n_sim, n_extra = len(train_ds), len(extra_train)
+        f = min(max(float(extra_fraction), 0.0), 1.0)
+        weights = torch.cat([torch.full((n_sim,), (1.0 - f) / n_sim), torch.full((n_extra,), f / n_extra)])
+        sampler = WeightedRandomSampler(weights, num_samples=n_sim + n_extra, replacement=True,
+                                        generator=torch.Generator().manual_seed(int(seed)))
+        train_loader = DataLoader(ConcatDataset([train_ds, extra_train]), batch_size=bs, sampler=sampler,
+                                  drop_last=n_sim + n_extra >= bs, **loader_kw)
+    else:
+        train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs, **loader_kw)
+    val_loader = DataLoader(val_ds, batch_size=bs, shuffle=False, **loader_kw) if val_ds is not None else None
+    return train_loader, val_loader
+
+
+def _start_weights(module: GraspPolicyModule, pcfg: DictConfig, init_from: str | Path | None,
+                   resume: Path | None) -> dict | None:
+    """Load the weights training starts from: ``init_from`` (fine-tuning), else the base when
+    set and not resuming; returns the base's name and digest when it was loaded."""
+    if init_from is not None:
+        state = torch.load(str(init_from), map_location="cpu", weights_only=True)["state_dict"]
+        module.load_state_dict(state)
+        return None
+    if not pcfg.get("base") or resume is not None:
+        return None
+    from policies.base import base_digest, load_base
+
+    module.load_state_dict(load_base(pcfg.base)["state_dict"])
+    base_info = {"name": str(pcfg.base), "digest": base_digest(pcfg.base)}
+    log.info("policy: starting from the base %s (%s)", pcfg.base, base_info["digest"])
+    return base_info
+
+
+def _trainer(full: DictConfig, pcfg: DictConfig, out: Path, resume: Path | None, validates: bool,
+             callbacks: Sequence[pl.Callback], fast_dev_run: bool | int) -> tuple[pl.Trainer, Any]:
+    """The Lightning trainer (checkpoints every validation, the time cap, the run's logger)."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from policies.loggers import policy_logger
+
+    val_every = int(pcfg.val_every_n_steps)
+    ckpt_cb = ModelCheckpoint(
+        dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
+        save_last=True, save_top_k=1, every_n_train_steps=val_every,
+    )
+    max_time = datetime.timedelta(seconds=float(pcfg.max_time_s)) if pcfg.get("max_time_s") else None
+    # A trainer group (conf/trainer/*.yaml, e.g. trainer=ddp) wins over the policy's device keys.
+    tkw: dict[str, Any] = {"accelerator": str(pcfg.accelerator), "devices": pcfg.devices,
+                           "precision": pcfg.precision, "enable_progress_bar": False, "deterministic": False}
+    if full.get("trainer"):
+        tkw.update(OmegaConf.to_container(full.trainer, resolve=True))
+    tlog = policy_logger(full.get("logger"), out, OmegaConf.to_container(full, resolve=True), resume=resume)
+    trainer = pl.Trainer(
+        default_root_dir=str(out),
+        max_steps=int(pcfg.max_steps),
+        max_epochs=-1,
+        max_time=max_time,
+        logger=tlog.logger,
+        callbacks=[ckpt_cb, *callbacks],
+        val_check_interval=val_every if validates else None,
+        check_val_every_n_epoch=None,
+        limit_val_batches=pcfg.limit_val_batches if validates else 0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=int(pcfg.log_every_n_steps),
+        enable_model_summary=False,
+        fast_dev_run=fast_dev_run,
+        **tkw,
+    )
+    return trainer, tlog
 
 
 def geometry_export(pcfg: DictConfig | dict) -> dict | None:
