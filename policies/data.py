@@ -231,91 +231,27 @@ def build_targets(
         ``surface_weight`` ``(H, W)`` float32.
     """
     opt = {**policy_default("targets"), **(dict(targets) if targets else {})}
-    H, W = seg_view.shape
     A = int(angle_bins)
     seg_view = np.asarray(seg_view)
     object_mask = (seg_view >= SEG_FIRST_OBJECT) & valid
     dense_negative = np.isin(seg_view, list(opt["dense_negative_labels"])) & valid
+    out = _dense_heights(valid, surface_z, table_z, grasp_height, object_mask, opt)
+    acc = _splat_labels(seg_view.shape, A, label_uv, label_angle, label_success, label_width, label_z, table_z,
+                        grasp_height, opt)
 
-    if grasp_height is not None:
-        known = np.isfinite(grasp_height) & valid
-        height_target = np.where(known, np.maximum(np.nan_to_num(grasp_height), MIN_TIP_CLEARANCE), 0.0)
-    else:
-        known = np.isfinite(surface_z) & valid
-        height_target = np.where(
-            known, np.maximum(np.nan_to_num(surface_z) - table_z - GRASP_DEPTH, MIN_TIP_CLEARANCE), 0.0
-        )
-    height_target = height_target.astype(np.float32)
-    height_weight = known.astype(np.float32)
-    height_weight[object_mask & known] = float(opt["object_height_weight"])
-    # The surface itself (what the decode's grasp rule runs on), weighted like the heights.
-    seen = np.isfinite(surface_z) & valid
-    surface_target = np.where(seen, np.maximum(np.nan_to_num(surface_z) - table_z, 0.0), 0.0).astype(np.float32)
-    surface_weight = seen.astype(np.float32)
-    surface_weight[object_mask & seen] = float(opt["object_height_weight"])
-
-    q_sum = np.zeros((A, H, W), dtype=np.float32)
-    q_cnt = np.zeros((A, H, W), dtype=np.float32)
-    w_sum = np.zeros((H, W), dtype=np.float32)
-    w_cnt = np.zeros((H, W), dtype=np.float32)
-    z_sum = np.zeros((H, W), dtype=np.float32)
-    z_cnt = np.zeros((H, W), dtype=np.float32)
-    spread_w = np.zeros((A, H, W), dtype=np.float32)
-    spread_pos = np.zeros((A, H, W), dtype=np.float32)
-
-    uv = np.asarray(label_uv, dtype=np.float64).reshape(-1, 2)
-    if len(uv):
-        offs = _disk_offsets(float(opt["label_radius"]))
-        centre = np.rint(uv).astype(np.int64)
-        bins = angle_to_bin(np.asarray(label_angle, dtype=np.float64), A)
-        succ = np.asarray(label_success, dtype=bool)
-        # (G, K) pixels of each label's disk
-        pu = centre[:, None, 0] + offs[None, :, 0]
-        pv = centre[:, None, 1] + offs[None, :, 1]
-        inside = (pu >= 0) & (pu < W) & (pv >= 0) & (pv < H) & np.isfinite(uv).all(axis=1)[:, None]
-        g_idx = np.broadcast_to(np.arange(len(uv))[:, None], pu.shape)[inside]
-        pu, pv = pu[inside], pv[inside]
-        b = bins[g_idx]
-        s = succ[g_idx].astype(np.float32)
-        tol = float(opt["stability_tol"])
-        if tol > 0 and grasp_height is not None:
-            # A pixel whose neighbours' grasp heights differ by more than tol is fragile: one
-            # pixel of error moves the back-projected grasp by centimetres (oblique camera).
-            gh = np.where(np.isfinite(grasp_height), grasp_height, 0.0).astype(np.float32)
-            k3 = np.ones((3, 3), np.uint8)
-            spread = cv2.dilate(gh, k3) - cv2.erode(gh, k3)
-            s = s * (spread[pv, pu] <= tol)
-        np.add.at(q_sum, (b, pv, pu), s)
-        np.add.at(q_cnt, (b, pv, pu), 1.0)
-        k = int(opt["angle_spread"])
-        for dk in range(-k, k + 1):
-            if dk == 0:
-                continue
-            bb = np.mod(b + dk, A)
-            np.add.at(spread_pos, (bb, pv, pu), s)
-            np.add.at(spread_w, (bb, pv, pu), 1.0)
-        # The labelled fingertip height holds at the label's own pixel (its neighbours' rays
-        # meet the part at other heights: the dense target covers them).
-        at_centre = (pu == centre[g_idx, 0]) & (pv == centre[g_idx, 1])
-        np.add.at(z_sum, (pv[at_centre], pu[at_centre]), np.asarray(label_z, dtype=np.float32)[g_idx][at_centre] - table_z)
-        np.add.at(z_cnt, (pv[at_centre], pu[at_centre]), 1.0)
-        ok = s > 0
-        np.add.at(w_sum, (pv[ok], pu[ok]), np.asarray(label_width, dtype=np.float32)[g_idx][ok])
-        np.add.at(w_cnt, (pv[ok], pu[ok]), 1.0)
-
-    labelled = q_cnt > 0
-    quality_target = np.where(labelled, q_sum / np.maximum(q_cnt, 1.0), 0.0).astype(np.float32)
+    labelled = acc["q_cnt"] > 0
+    quality_target = np.where(labelled, acc["q_sum"] / np.maximum(acc["q_cnt"], 1.0), 0.0).astype(np.float32)
     quality_weight = labelled.astype(np.float32)
-    spread = (spread_w > 0) & ~labelled
+    spread = (acc["spread_w"] > 0) & ~labelled
     if spread.any():
         # Neighbouring bins only ever get the softer evidence, never override a label.
-        quality_target[spread] = spread_pos[spread] / spread_w[spread]
+        quality_target[spread] = acc["spread_pos"][spread] / acc["spread_w"][spread]
         quality_weight[spread] = float(opt["angle_spread_weight"])
-    zl = z_cnt > 0
-    height_target[zl] = np.maximum(z_sum[zl] / z_cnt[zl], MIN_TIP_CLEARANCE)
-    height_weight[zl] = float(opt["label_height_weight"])
-    width_mask = w_cnt > 0
-    width_target = np.where(width_mask, w_sum / np.maximum(w_cnt, 1.0), 0.0).astype(np.float32)
+    zl = acc["z_cnt"] > 0
+    out["height_target"][zl] = np.maximum(acc["z_sum"][zl] / acc["z_cnt"][zl], MIN_TIP_CLEARANCE)
+    out["height_weight"][zl] = float(opt["label_height_weight"])
+    width_mask = acc["w_cnt"] > 0
+    width_target = np.where(width_mask, acc["w_sum"] / np.maximum(acc["w_cnt"], 1.0), 0.0).astype(np.float32)
     gw = float(opt["geometric_weight"])
     if geometric is not None and gw > 0 and len(geometric["index"]):
         idx = np.asarray(geometric["index"], dtype=np.int64)
@@ -332,12 +268,87 @@ def build_targets(
         "dense_negative": dense_negative,
         "width_target": width_target,
         "width_mask": width_mask,
-        "height_target": height_target,
-        "height_weight": height_weight,
-        "surface_target": surface_target,
-        "surface_weight": surface_weight,
+        "height_target": out["height_target"],
+        "height_weight": out["height_weight"],
+        "surface_target": out["surface_target"],
+        "surface_weight": out["surface_weight"],
         "object_mask": object_mask,
     }
+
+
+def _dense_heights(valid: np.ndarray, surface_z: np.ndarray, table_z: float, grasp_height: np.ndarray | None,
+                   object_mask: np.ndarray, opt: dict) -> dict[str, np.ndarray]:
+    """The dense fingertip height (``grasp_height``, else the surface less the grasp depth) and
+    the surface above the table (what the decode's grasp rule runs on), with their weights."""
+    if grasp_height is not None:
+        known = np.isfinite(grasp_height) & valid
+        height_target = np.where(known, np.maximum(np.nan_to_num(grasp_height), MIN_TIP_CLEARANCE), 0.0)
+    else:
+        known = np.isfinite(surface_z) & valid
+        height_target = np.where(
+            known, np.maximum(np.nan_to_num(surface_z) - table_z - GRASP_DEPTH, MIN_TIP_CLEARANCE), 0.0
+        )
+    height_weight = known.astype(np.float32)
+    height_weight[object_mask & known] = float(opt["object_height_weight"])
+    seen = np.isfinite(surface_z) & valid
+    surface_target = np.where(seen, np.maximum(np.nan_to_num(surface_z) - table_z, 0.0), 0.0).astype(np.float32)
+    surface_weight = seen.astype(np.float32)
+    surface_weight[object_mask & seen] = float(opt["object_height_weight"])
+    return {"height_target": height_target.astype(np.float32), "height_weight": height_weight,
+            "surface_target": surface_target, "surface_weight": surface_weight}
+
+
+def _splat_labels(shape: tuple[int, int], A: int, label_uv: np.ndarray, label_angle: np.ndarray,
+                  label_success: np.ndarray, label_width: np.ndarray, label_z: np.ndarray, table_z: float,
+                  grasp_height: np.ndarray | None, opt: dict) -> dict[str, np.ndarray]:
+    """Sums and counts of the labels over each label's disk of view pixels: quality per angle
+    bin (and the neighbouring bins' softer evidence), the fingertip height at the label's own
+    pixel, the opening of the successes."""
+    H, W = shape
+    acc = {k: np.zeros((A, H, W), dtype=np.float32) for k in ("q_sum", "q_cnt", "spread_w", "spread_pos")}
+    acc.update({k: np.zeros((H, W), dtype=np.float32) for k in ("w_sum", "w_cnt", "z_sum", "z_cnt")})
+    uv = np.asarray(label_uv, dtype=np.float64).reshape(-1, 2)
+    if not len(uv):
+        return acc
+    offs = _disk_offsets(float(opt["label_radius"]))
+    centre = np.rint(uv).astype(np.int64)
+    bins = angle_to_bin(np.asarray(label_angle, dtype=np.float64), A)
+    succ = np.asarray(label_success, dtype=bool)
+    # (G, K) pixels of each label's disk
+    pu = centre[:, None, 0] + offs[None, :, 0]
+    pv = centre[:, None, 1] + offs[None, :, 1]
+    inside = (pu >= 0) & (pu < W) & (pv >= 0) & (pv < H) & np.isfinite(uv).all(axis=1)[:, None]
+    g_idx = np.broadcast_to(np.arange(len(uv))[:, None], pu.shape)[inside]
+    pu, pv = pu[inside], pv[inside]
+    b = bins[g_idx]
+    s = succ[g_idx].astype(np.float32)
+    tol = float(opt["stability_tol"])
+    if tol > 0 and grasp_height is not None:
+        # A pixel whose neighbours' grasp heights differ by more than tol is fragile: one
+        # pixel of error moves the back-projected grasp by centimetres (oblique camera).
+        gh = np.where(np.isfinite(grasp_height), grasp_height, 0.0).astype(np.float32)
+        k3 = np.ones((3, 3), np.uint8)
+        spread = cv2.dilate(gh, k3) - cv2.erode(gh, k3)
+        s = s * (spread[pv, pu] <= tol)
+    np.add.at(acc["q_sum"], (b, pv, pu), s)
+    np.add.at(acc["q_cnt"], (b, pv, pu), 1.0)
+    k = int(opt["angle_spread"])
+    for dk in range(-k, k + 1):
+        if dk == 0:
+            continue
+        bb = np.mod(b + dk, A)
+        np.add.at(acc["spread_pos"], (bb, pv, pu), s)
+        np.add.at(acc["spread_w"], (bb, pv, pu), 1.0)
+    # The labelled fingertip height holds at the label's own pixel (its neighbours' rays
+    # meet the part at other heights: the dense target covers them).
+    at_centre = (pu == centre[g_idx, 0]) & (pv == centre[g_idx, 1])
+    np.add.at(acc["z_sum"], (pv[at_centre], pu[at_centre]),
+              np.asarray(label_z, dtype=np.float32)[g_idx][at_centre] - table_z)
+    np.add.at(acc["z_cnt"], (pv[at_centre], pu[at_centre]), 1.0)
+    ok = s > 0
+    np.add.at(acc["w_sum"], (pv[ok], pu[ok]), np.asarray(label_width, dtype=np.float32)[g_idx][ok])
+    np.add.at(acc["w_cnt"], (pv[ok], pu[ok]), 1.0)
+    return acc
 
 
 # ----------------------------------------------------------------------------- augmentation
