@@ -216,20 +216,7 @@ def decode_grasp(
     if (W, H) != tuple(view.size):
         raise ValueError(f"maps are {W}x{H} but the view is {view.size[0]}x{view.size[1]}")
 
-    # Best angle bin per pixel; non-finite qualities can never win.
-    finite_q = np.isfinite(q)
-    if not finite_q.all():
-        q = np.where(finite_q, q, -np.inf)
-    r = int(neighbourhood_px)
-    if r > 0:
-        kernel = np.ones((2 * r + 1, 2 * r + 1), np.uint8)
-        # Outside the map counts as good (border = +inf), so edge pixels are not penalised
-        # for their missing neighbours; non-finite values stay losers (-inf spreads).
-        q = np.stack([
-            cv2.erode(np.ascontiguousarray(plane, dtype=np.float32), kernel,
-                      borderType=cv2.BORDER_CONSTANT, borderValue=float("inf"))
-            for plane in q
-        ])
+    q = _neighbourhood_worst(q, int(neighbourhood_px))
     rule_width = None
     if rule is not None:
         q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
@@ -244,39 +231,11 @@ def decode_grasp(
     else:
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
-    checks = any(c is not None for c in (fingers_clear, jaws_on_part, sweep_depth, part_centre))
-    reranked = rerank is not None or checks
-    if checks:
-        if rule is not None:
-            raise ValueError("fingers_clear, jaws_on_part, sweep_depth and part_centre are exclusive with rule: the "
-                             "rule's own test covers where the fingers land and the jaws close")
-        # A check moves a grasp below every one that passes it, and keeps it above every grasp
-        # below the threshold: it re-ranks, it never admits or removes one.
-        with np.errstate(invalid="ignore"):
-            score = np.where(q >= threshold, score, -np.inf)
-    if fingers_clear is not None or sweep_depth is not None:  # the opening the fingers come down at
-        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + float(width_margin), 0.0, GRIPPER_MAX_WIDTH)
-    if fingers_clear is not None:
-        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
-        score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
-    parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
-    if jaws_on_part is not None:
-        parts = _parts(surface, calib, view, "jaws_on_part")
-        span = jaw_span(parts, _cell_m(view), A)
-        # The spans are counts of cells over the strip's cells: a tolerance for the filter's rounding.
-        score = np.where(span < float(jaws_on_part) - 1e-6, score - _SHALLOW_SHIFT, score)
-    tips = None  # (A, H, W) fingertip heights raised to come down clear, for sweep_depth
-    if sweep_depth is not None:
-        s = _surface_map(surface, view, "sweep_depth")
-        need = finger_obstacle(s, _cell_m(view), A, opening) + ABOVE_TIPS
-        tips = np.maximum(hmap[None].astype(np.float32), need)  # NaN heights stay NaN: never valid
-        top = np.nan_to_num(s, nan=0.0)[None]
-        score = np.where(need > top - float(sweep_depth) + 1e-6, score - _BLOCKED_SHIFT, score)
-    if part_centre is not None:
-        if parts is None:
-            parts = _parts(surface, calib, view, "part_centre")
-        # Less than a check's shift (part_centre <= 1): it orders grasps within a tier, never across.
-        score = score - float(part_centre) * off_centre(parts)[None]
+    checks = {"fingers_clear": fingers_clear, "jaws_on_part": jaws_on_part, "sweep_depth": sweep_depth,
+              "part_centre": part_centre}
+    reranked = rerank is not None or any(c is not None for c in checks.values())
+    score, parts, tips = _apply_checks(q, score, threshold, wmap, hmap, float(width_margin), surface, calib, view,
+                                       checks, rule is not None)
     abin = score.argmax(axis=0)
     if tips is not None:
         hmap = np.take_along_axis(tips, abin[None], axis=0)[0]
@@ -301,37 +260,12 @@ def decode_grasp(
         best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
         return _none(f"no grasp reaches the quality threshold {threshold:.2f} (best {best:.2f})")
 
-    # Back-project every candidate centre at its own fingertip height.
+    m = float(workspace_margin)
     vs, us = np.divmod(idx, W)
     uv = np.stack([us, vs], axis=1).astype(np.float64)
-    z = calib.table_z + hmap.reshape(-1)[idx].astype(np.float64)
-    z = np.maximum(z, calib.table_z + MIN_TIP_CLEARANCE)
-    centres = view_pixels_to_base(uv, calib, view, z)
-    m = float(workspace_margin)
-    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
-    with np.errstate(invalid="ignore"):
-        inside = (
-            np.isfinite(centres).all(axis=1)
-            & (centres[:, 0] >= x0 + m)
-            & (centres[:, 0] <= x1 - m)
-            & (centres[:, 1] >= y0 + m)
-            & (centres[:, 1] <= y1 - m)
-            & (z <= calib.table_z + MAX_TIP_HEIGHT)
-        )
-    if not inside.any():
-        return _none(
-            f"no grasp at or above the quality threshold {threshold:.2f} lies inside the workspace "
-            f"({idx.size} candidates outside)"
-        )
-    # A camera may leave a corner of the workspace out of its frame: nothing is answered there.
-    # When the box from the table to the highest candidate is in view, so is every candidate.
-    top = float(z[inside].max())
-    box = np.concatenate([calib.workspace_corners(calib.table_z), calib.workspace_corners(top)])
-    if not calib.in_image(project_points(box, calib)).all():
-        inside[np.flatnonzero(inside)[~calib.in_image(project_points(centres[inside], calib))]] = False
-        if not inside.any():
-            return _none(f"no grasp at or above the quality threshold {threshold:.2f} lies where the camera "
-                         "sees the workspace")
+    z, inside = _centres_inside(uv, hmap.reshape(-1)[idx], calib, view, m)
+    if isinstance(inside, str):
+        return _none(inside.format(threshold=threshold, n=idx.size))
     cand = np.flatnonzero(inside)
     k = cand[np.argmax(sbest.reshape(-1)[idx[cand]])]
     v, u = int(vs[k]), int(us[k])
@@ -352,6 +286,108 @@ def decode_grasp(
         angle_bin=a,
         view_angle=angle,
     )
+
+
+def _neighbourhood_worst(q: np.ndarray, r: int) -> np.ndarray:
+    """Each entry's worst quality within ``r`` view pixels (its own angle bin); non-finite
+    qualities become ``-inf`` and can never win."""
+    finite_q = np.isfinite(q)
+    if not finite_q.all():
+        q = np.where(finite_q, q, -np.inf)
+    if r <= 0:
+        return q
+    kernel = np.ones((2 * r + 1, 2 * r + 1), np.uint8)
+    # Outside the map counts as good (border = +inf), so edge pixels are not penalised
+    # for their missing neighbours; non-finite values stay losers (-inf spreads).
+    return np.stack([
+        cv2.erode(np.ascontiguousarray(plane, dtype=np.float32), kernel,
+                  borderType=cv2.BORDER_CONSTANT, borderValue=float("inf"))
+        for plane in q
+    ])
+
+
+def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.ndarray, hmap: np.ndarray,
+                  width_margin: float, surface: np.ndarray | None, calib: Calibration, view: NetworkView,
+                  checks: dict, with_rule: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The re-ranking checks on the predicted surface (``fingers_clear``, ``jaws_on_part``,
+    ``sweep_depth``, ``part_centre``; see :func:`decode_grasp`).
+
+    Returns:
+        The score, the surface's parts when a check needed them, and the fingertip heights
+        raised to come down clear (``sweep_depth``; else ``None``).
+    """
+    if all(c is None for c in checks.values()):
+        return score, None, None
+    if with_rule:
+        raise ValueError("fingers_clear, jaws_on_part, sweep_depth and part_centre are exclusive with rule: the "
+                         "rule's own test covers where the fingers land and the jaws close")
+    A = q.shape[0]
+    # A check moves a grasp below every one that passes it, and keeps it above every grasp
+    # below the threshold: it re-ranks, it never admits or removes one.
+    with np.errstate(invalid="ignore"):
+        score = np.where(q >= threshold, score, -np.inf)
+    fingers_clear, jaws_on_part = checks["fingers_clear"], checks["jaws_on_part"]
+    sweep_depth, part_centre = checks["sweep_depth"], checks["part_centre"]
+    if fingers_clear is not None or sweep_depth is not None:  # the opening the fingers come down at
+        opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + width_margin, 0.0, GRIPPER_MAX_WIDTH)
+    if fingers_clear is not None:
+        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
+        score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
+    parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
+    if jaws_on_part is not None:
+        parts = _parts(surface, calib, view, "jaws_on_part")
+        span = jaw_span(parts, _cell_m(view), A)
+        # The spans are counts of cells over the strip's cells: a tolerance for the filter's rounding.
+        score = np.where(span < float(jaws_on_part) - 1e-6, score - _SHALLOW_SHIFT, score)
+    tips = None  # (A, H, W) fingertip heights raised to come down clear, for sweep_depth
+    if sweep_depth is not None:
+        s = _surface_map(surface, view, "sweep_depth")
+        need = finger_obstacle(s, _cell_m(view), A, opening) + ABOVE_TIPS
+        tips = np.maximum(hmap[None].astype(np.float32), need)  # NaN heights stay NaN: never valid
+        top = np.nan_to_num(s, nan=0.0)[None]
+        score = np.where(need > top - float(sweep_depth) + 1e-6, score - _BLOCKED_SHIFT, score)
+    if part_centre is not None:
+        if parts is None:
+            parts = _parts(surface, calib, view, "part_centre")
+        # Less than a check's shift (part_centre <= 1): it orders grasps within a tier, never across.
+        score = score - float(part_centre) * off_centre(parts)[None]
+    return score, parts, tips
+
+
+def _centres_inside(uv: np.ndarray, heights: np.ndarray, calib: Calibration, view: NetworkView,
+                    margin: float) -> tuple[np.ndarray, np.ndarray | str]:
+    """Back-project candidate centres at their own fingertip heights; which lie inside the
+    workspace (less ``margin``), low enough, and where the camera sees the workspace.
+
+    Returns:
+        The fingertip heights ``z`` in ``B`` and a boolean mask, or instead of the mask a
+        reason (a format string of ``threshold`` and ``n``) when none is left.
+    """
+    z = calib.table_z + heights.astype(np.float64)
+    z = np.maximum(z, calib.table_z + MIN_TIP_CLEARANCE)
+    centres = view_pixels_to_base(uv, calib, view, z)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    with np.errstate(invalid="ignore"):
+        inside = (
+            np.isfinite(centres).all(axis=1)
+            & (centres[:, 0] >= x0 + margin)
+            & (centres[:, 0] <= x1 - margin)
+            & (centres[:, 1] >= y0 + margin)
+            & (centres[:, 1] <= y1 - margin)
+            & (z <= calib.table_z + MAX_TIP_HEIGHT)
+        )
+    if not inside.any():
+        return z, "no grasp at or above the quality threshold {threshold:.2f} lies inside the workspace ({n} candidates outside)"
+    # A camera may leave a corner of the workspace out of its frame: nothing is answered there.
+    # When the box from the table to the highest candidate is in view, so is every candidate.
+    top = float(z[inside].max())
+    box = np.concatenate([calib.workspace_corners(calib.table_z), calib.workspace_corners(top)])
+    if not calib.in_image(project_points(box, calib)).all():
+        inside[np.flatnonzero(inside)[~calib.in_image(project_points(centres[inside], calib))]] = False
+        if not inside.any():
+            return z, ("no grasp at or above the quality threshold {threshold:.2f} lies where the camera "
+                       "sees the workspace")
+    return z, inside
 
 
 def _avoided(
