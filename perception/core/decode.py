@@ -220,12 +220,7 @@ def decode_grasp(
     rule_width = None
     if rule is not None:
         q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
-    avoided = False
-    if len(avoid):
-        blocked = _avoided(avoid, hmap, calib, view, A, float(avoid_radius), float(avoid_yaw))
-        if blocked is not None:
-            avoided = bool((q[blocked] >= threshold).any())
-            q = np.where(blocked, -np.inf, q)
+    q, avoided = _without_failures(q, avoid, hmap, calib, view, threshold, float(avoid_radius), float(avoid_yaw))
     if rerank is None:
         score = q
     else:
@@ -270,12 +265,20 @@ def decode_grasp(
     k = cand[np.argmax(sbest.reshape(-1)[idx[cand]])]
     v, u = int(vs[k]), int(us[k])
     a = int(abin[v, u])
-    angle = float(angle_bin_centers(A)[a])
-    pos, yaw, _ = view_grasp_to_base(uv[k : k + 1], np.array([angle]), np.array([_YAW_SEGMENT_PX]), z[k : k + 1], calib, view)
     opening = wmap[v, u] if rule_width is None else rule_width[a, v, u]
-    w_m = float(np.clip(opening + float(width_margin), 0.0, GRIPPER_MAX_WIDTH))
-    grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=w_m, quality=float(qbest[v, u]))
-    if not grasp_in_workspace(grasp, calib, m):  # defensive: the same numbers were checked above
+    # (the opening stays in the maps' float32 until it is clipped, as it always was)
+    return _answer(u, v, a, A, float(z[k]), opening + float(width_margin), float(qbest[v, u]), calib, view, m)
+
+
+def _answer(u: int, v: int, a: int, A: int, z: float, opening: float, quality: float, calib: Calibration,
+            view: NetworkView, margin: float) -> DecodedGrasp:
+    """The grasp at view pixel ``(u, v)``, angle bin ``a``, fingertips at ``z`` in ``B``."""
+    angle = float(angle_bin_centers(A)[a])
+    pos, yaw, _ = view_grasp_to_base(np.array([[float(u), float(v)]]), np.array([angle]), np.array([_YAW_SEGMENT_PX]),
+                                     np.array([z]), calib, view)
+    w_m = float(np.clip(opening, 0.0, GRIPPER_MAX_WIDTH))
+    grasp = Grasp(position=pos[0], yaw=float(yaw[0]), width=w_m, quality=quality)
+    if not grasp_in_workspace(grasp, calib, margin):  # defensive: the same numbers were checked above
         return _none("the best grasp failed the final workspace check")
     pixel = project_points(pos, calib)[0]
     return DecodedGrasp(
@@ -286,6 +289,18 @@ def decode_grasp(
         angle_bin=a,
         view_angle=angle,
     )
+
+
+def _without_failures(q: np.ndarray, avoid: Sequence, hmap: np.ndarray, calib: Calibration, view: NetworkView,
+                      threshold: float, radius: float, yaw_tol: float) -> tuple[np.ndarray, bool]:
+    """``q`` with the grasps near a reported failure (``avoid``) at ``-inf``; whether any of
+    them was at or above the threshold."""
+    if not len(avoid):
+        return q, False
+    blocked = _avoided(avoid, hmap, calib, view, q.shape[0], radius, yaw_tol)
+    if blocked is None:
+        return q, False
+    return np.where(blocked, -np.inf, q), bool((q[blocked] >= threshold).any())
 
 
 def _neighbourhood_worst(q: np.ndarray, r: int) -> np.ndarray:
