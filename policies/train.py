@@ -197,27 +197,12 @@ def train_policy(
     if val_loader is not None:
         res = trainer.validate(module, val_loader, verbose=False)
         metrics.update(_float_metrics(res[0] if res else {}))
-
-    ckpt_path = out / "policy.ckpt"
-    trainer.save_checkpoint(str(ckpt_path), weights_only=False)
-    config_path = out / "config.yaml"
-    if trainer.is_global_zero:  # (DDP: the other ranks write nothing)
-        atomic_write_text(config_path, OmegaConf.to_yaml(full, resolve=True))
-    summary: dict[str, Any] = {
-        "checkpoint": str(ckpt_path),
-        "artifact": None,
-        "config": str(config_path),
-        "metrics": metrics,
-        "global_step": int(trainer.global_step),
-        "train_time_s": train_time,
-        "n_train_frames": len(train_ds),
-        "n_val_frames": 0 if val_ds is None else len(val_ds),
-        "view": view.to_dict(),
-        "logs": str(getattr(trainer.logger, "log_dir", None) or "") or None,
-        "device": str(module.device),
-        "adapted": translator is not None,
-        "base": base_info,
-    }
+    summary = _save(trainer, module, full, out, {
+        "metrics": metrics, "global_step": int(trainer.global_step), "train_time_s": train_time,
+        "n_train_frames": len(train_ds), "n_val_frames": 0 if val_ds is None else len(val_ds),
+        "view": view.to_dict(), "logs": str(getattr(trainer.logger, "log_dir", None) or "") or None,
+        "device": str(module.device), "adapted": translator is not None, "base": base_info,
+    })
     if export and trainer.is_global_zero:
         from policies.export import export_artifact
 
@@ -232,6 +217,17 @@ def train_policy(
         write_json(out / "train_summary.json", summary)
     tlog.finish()
     return summary
+
+
+def _save(trainer: pl.Trainer, module: GraspPolicyModule, full: DictConfig, out: Path, facts: dict) -> dict:
+    """Save ``policy.ckpt`` (weights and the resolved config) and ``config.yaml``; the run's
+    summary: where they are, and ``facts``."""
+    ckpt_path = out / "policy.ckpt"
+    trainer.save_checkpoint(str(ckpt_path), weights_only=False)
+    config_path = out / "config.yaml"
+    if trainer.is_global_zero:  # (DDP: the other ranks write nothing)
+        atomic_write_text(config_path, OmegaConf.to_yaml(full, resolve=True))
+    return {"checkpoint": str(ckpt_path), "artifact": None, "config": str(config_path), **facts}
 
 
 def _loaders(pcfg: DictConfig, train_ds: Dataset, val_ds: Dataset | None, extra_train: Dataset | None,
