@@ -268,6 +268,44 @@ def _shard_ready(out_dir: Path, k: int, expected: dict, full_check: bool) -> boo
 
 
 # ----------------------------------------------------------------------------- main entry
+def _expected(meta: dict, n_scenes: int, scenes_per_shard: int, seed: int, workers: int,
+              shard_range: tuple[int, int] | None) -> tuple[dict, int, tuple[int, int]]:
+    """The dataset's description every shard must match (as it reads back from JSON), the
+    number of shards and the range to render; checks the arguments."""
+    missing_meta = [k for k in REQUIRED_META if k not in meta]
+    if missing_meta:
+        raise ValueError(f"render_shards: meta lacks {missing_meta} (needs {list(REQUIRED_META)})")
+    if n_scenes < 1 or scenes_per_shard < 1 or workers < 1:
+        raise ValueError(
+            f"n_scenes ({n_scenes}), scenes_per_shard ({scenes_per_shard}) and workers ({workers}) must be >= 1"
+        )
+    n_shards = math.ceil(n_scenes / scenes_per_shard)
+    a, b = (0, n_shards) if shard_range is None else (int(shard_range[0]), int(shard_range[1]))
+    if not 0 <= a < b <= n_shards:
+        raise ValueError(f"shard_range {shard_range} must satisfy 0 <= a < b <= n_shards = {n_shards}")
+    expected = {**meta, "seed": int(seed), "n_scenes": int(n_scenes), "scenes_per_shard": int(scenes_per_shard)}
+    # As it reads back from JSON (tuples become lists), to compare with files.
+    return json.loads(json.dumps(to_jsonable(expected), sort_keys=True)), n_shards, (a, b)
+
+
+def _write_finished(out_dir: Path, k: int, done: dict[int, list[FrameRecord]], expected: dict) -> None:
+    """Write shard ``k`` once all its scenes are rendered (``done``: scene -> frames)."""
+    lo, hi = shard_scenes(k, int(expected["n_scenes"]), int(expected["scenes_per_shard"]))
+    shard_meta = {
+        "shard": k,
+        "scenes": [lo, hi],
+        "seed": expected["seed"],
+        "config_hash": expected["config_hash"],
+        "profile": expected["profile"],
+        "image_size": expected["image_size"],
+        "scene_seeds": {str(s): [int(expected["seed"]), s] for s in range(lo, hi)},
+    }
+    # Scene order, not completion order: the bytes must not depend on workers.
+    ordered = [f for s in sorted(done) for f in done[s]]
+    write_shard(out_dir / "shards" / f"{shard_name(k)}.npz", ordered, shard_meta)
+    log.info("wrote %s (scenes %d..%d)", shard_name(k), lo, hi - 1)
+
+
 def render_shards(
     out_dir: Path,
     n_scenes: int,
@@ -314,25 +352,7 @@ def render_shards(
         DatasetError: ``out_dir`` holds shards of another seed/config/profile.
     """
     out_dir = Path(out_dir)
-    missing_meta = [k for k in REQUIRED_META if k not in meta]
-    if missing_meta:
-        raise ValueError(f"render_shards: meta lacks {missing_meta} (needs {list(REQUIRED_META)})")
-    if n_scenes < 1 or scenes_per_shard < 1 or workers < 1:
-        raise ValueError(
-            f"n_scenes ({n_scenes}), scenes_per_shard ({scenes_per_shard}) and workers ({workers}) must be >= 1"
-        )
-    n_shards = math.ceil(n_scenes / scenes_per_shard)
-    a, b = (0, n_shards) if shard_range is None else (int(shard_range[0]), int(shard_range[1]))
-    if not 0 <= a < b <= n_shards:
-        raise ValueError(f"shard_range {shard_range} must satisfy 0 <= a < b <= n_shards = {n_shards}")
-    expected = {
-        **meta,
-        "seed": int(seed),
-        "n_scenes": int(n_scenes),
-        "scenes_per_shard": int(scenes_per_shard),
-    }
-    # As it reads back from JSON (tuples become lists), to compare with files.
-    expected = json.loads(json.dumps(to_jsonable(expected), sort_keys=True))
+    expected, n_shards, (a, b) = _expected(meta, n_scenes, scenes_per_shard, seed, workers, shard_range)
 
     _check_writable(out_dir)
     _remove_stale_temp_files(out_dir, range(a, b), whole=(a, b) == (0, n_shards))
@@ -363,22 +383,8 @@ def render_shards(
             pending[k][i] = frames
             bar.update(1)
             if len(pending[k]) == len(scenes_of(k)):
-                done = pending.pop(k)
-                lo, hi = shard_scenes(k, n_scenes, scenes_per_shard)
-                shard_meta = {
-                    "shard": k,
-                    "scenes": [lo, hi],
-                    "seed": expected["seed"],
-                    "config_hash": expected["config_hash"],
-                    "profile": expected["profile"],
-                    "image_size": expected["image_size"],
-                    "scene_seeds": {str(s): [int(seed), s] for s in range(lo, hi)},
-                }
-                # Scene order, not completion order: the bytes must not depend on workers.
-                ordered = [f for s in sorted(done) for f in done[s]]
-                write_shard(out_dir / "shards" / f"{shard_name(k)}.npz", ordered, shard_meta)
+                _write_finished(out_dir, k, pending.pop(k), expected)
                 rendered.append(shard_name(k))
-                log.info("wrote %s (scenes %d..%d)", shard_name(k), lo, hi - 1)
 
     outside = [k for k in range(n_shards) if not a <= k < b]
     missing = [shard_name(k) for k in outside if not _shard_ready(out_dir, k, expected, full_check=False)]
