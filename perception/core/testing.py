@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,12 +58,33 @@ def make_test_artifact(
         view_kind: the network view's kind (``"table"``, the policy's default, or ``"camera"``).
     """
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     calib = calibration or load_calibration()
     view = make_view(calib, view_size, view_kind)
     W, H = view.size
     A = int(angle_bins)
+
+    prior = _prior_logits(calib, view, A, peak_xy, peak_yaw, peak_quality, base_quality, height)
+    graph = _test_graph(prior, A, W, H, gain, width, height, conv_channels)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(out / "policy.onnx"))
+    write_metadata(out, policy_metadata(
+        "policy.onnx", (W, H), ("quality", "width", "height"), A, threshold, view, calib,
+        {"synthetic": True, "peak_xy": peak_xy, "peak_yaw": peak_yaw, "gain": gain}, "test"))
+    return out
+
+
+def _prior_logits(calib: Calibration, view: Any, A: int, peak_xy: tuple[float, float] | None, peak_yaw: float,
+                  peak_quality: float, base_quality: float, height: float) -> np.ndarray:
+    """``(1, A, H, W)`` quality logits: ``base_quality`` everywhere, a Gaussian bump to
+    ``peak_quality`` where the grasp at ``peak_xy`` / ``peak_yaw`` lands in the view."""
+    W, H = view.size
 
     def logit(p: float) -> float:
         p = min(max(p, 1e-4), 1 - 1e-4)
@@ -83,6 +105,14 @@ def make_test_artifact(
         for da in (-1, 1):
             pe = base_quality + 0.5 * (peak_quality - base_quality) * bump
             prior[0, (a0 + da) % A] = np.maximum(prior[0, (a0 + da) % A], np.log(pe / (1 - pe)))
+    return prior
+
+
+def _test_graph(prior: np.ndarray, A: int, W: int, H: int, gain: float, width: float, height: float,
+                conv_channels: int) -> Any:
+    """The ONNX graph: ``quality = sigmoid(prior + gain * mean(image))``, constant width and
+    height, and with ``conv_channels`` a convolution stack whose output is multiplied by 0."""
+    from onnx import TensorProto, helper, numpy_helper
 
     nodes = []
     inits = [
@@ -132,17 +162,7 @@ def make_test_artifact(
         ],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(out / "policy.onnx"))
-    write_metadata(out, policy_metadata(
-        "policy.onnx", (W, H), ("quality", "width", "height"), A, threshold, view, calib,
-        {"synthetic": True, "peak_xy": peak_xy, "peak_yaw": peak_yaw, "gain": gain}, "test"))
-    return out
+    return graph
 
 
 def make_test_frame(
