@@ -399,6 +399,37 @@ def load_metadata(artifact_dir: str | Path) -> ArtifactMetadata:
         raise ArtifactError(f"{meta_path}: {exc}") from exc
 
 
+def _parse_input(inp: Any) -> tuple[str, tuple[int, int], tuple, tuple]:
+    """The ``input`` field: the graph's input name, ``(W, H)``, the normalisation's mean and std."""
+    name = _req(inp, "name", "input")
+    if not isinstance(name, str) or not name:
+        raise ArtifactError("field 'input.name' must be a non-empty string")
+    for key, want in (("layout", "NCHW"), ("channels", "RGB"), ("dtype", "float32")):
+        got = _req(inp, key, "input")
+        if got != want:
+            raise ArtifactError(f"field 'input.{key}' is {got!r}; only {want!r} is supported")
+    try:
+        w, h = (int(v) for v in _req(inp, "size", "input"))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError("field 'input.size' must be [width, height]") from exc
+    if w <= 0 or h <= 0:
+        raise ArtifactError("field 'input.size' must be positive")
+    return name, (w, h), _triple(inp, "mean"), _triple(inp, "std")
+
+
+def _parse_outputs(outs: Any) -> dict[str, str]:
+    """The ``outputs`` field: map name -> the graph's output name (``surface`` optional)."""
+    outputs = {}
+    for key in ("quality", "width", "height", "surface"):
+        if key == "surface" and isinstance(outs, dict) and key not in outs:
+            continue  # artifacts before the surface map
+        val = _req(outs, key, "outputs")
+        if not isinstance(val, str) or not val:
+            raise ArtifactError(f"field 'outputs.{key}' must be an ONNX output name")
+        outputs[key] = val
+    return outputs
+
+
 def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     if not isinstance(raw, dict):
         raise ArtifactError("metadata must be a JSON object")
@@ -418,31 +449,8 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raise ArtifactError(f"ONNX file {onnx_path} not found")
     _check_sha256(onnx_path, raw.get("onnx_sha256"), "onnx_sha256")
 
-    inp = _req(raw, "input")
-    name = _req(inp, "name", "input")
-    if not isinstance(name, str) or not name:
-        raise ArtifactError("field 'input.name' must be a non-empty string")
-    for key, want in (("layout", "NCHW"), ("channels", "RGB"), ("dtype", "float32")):
-        got = _req(inp, key, "input")
-        if got != want:
-            raise ArtifactError(f"field 'input.{key}' is {got!r}; only {want!r} is supported")
-    try:
-        w, h = (int(v) for v in _req(inp, "size", "input"))
-    except (TypeError, ValueError) as exc:
-        raise ArtifactError("field 'input.size' must be [width, height]") from exc
-    if w <= 0 or h <= 0:
-        raise ArtifactError("field 'input.size' must be positive")
-    mean, std = _triple(inp, "mean"), _triple(inp, "std")
-
-    outs = _req(raw, "outputs")
-    outputs = {}
-    for key in ("quality", "width", "height", "surface"):
-        if key == "surface" and isinstance(outs, dict) and key not in outs:
-            continue  # artifacts before the surface map
-        val = _req(outs, key, "outputs")
-        if not isinstance(val, str) or not val:
-            raise ArtifactError(f"field 'outputs.{key}' must be an ONNX output name")
-        outputs[key] = val
+    name, (w, h), mean, std = _parse_input(_req(raw, "input"))
+    outputs = _parse_outputs(_req(raw, "outputs"))
     try:
         angle_bins = int(_req(raw, "angle_bins"))
         threshold = float(_req(raw, "quality_threshold"))
