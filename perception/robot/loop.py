@@ -192,22 +192,7 @@ class GraspLoop:
             self._failed(f"processing frame {frame.index} failed: {exc}")
             return None
         self._consecutive_failed = 0
-        latency_ms = 1000.0 * (time.perf_counter() - t0)
-        entry: dict[str, Any] = {
-            "time": time.time(),
-            "frame_age_s": round(time.monotonic() - frame.timestamp, 4),
-            "latency_ms": round(latency_ms, 2),
-            "grasp": None,
-            "pixel": None,
-            "view_pixel": None,
-            "reason": dec.reason,
-            "outcome": None,
-            "error": None,
-            "quality_threshold": self.threshold,
-            "code_version": self.runner.meta.code_version,
-            "calibration_digest": self.calib.digest(),
-            "camera": frame.source,
-        }
+        entry = self._entry(frame, dec, 1000.0 * (time.perf_counter() - t0))
         attempt_id = self.recorder.new_id() if self.recorder else self.stats.steps
         g = dec.grasp
         if g is not None and not grasp_in_workspace(g, self.calib, self.cfg.workspace_margin):
@@ -223,22 +208,7 @@ class GraspLoop:
                 return self.recorder.record(attempt_id, frame, entry, dec, self.calib)
             return entry
         entry.update(grasp=g.to_dict(), pixel=list(dec.pixel), view_pixel=list(dec.view_pixel))
-        request = GraspRequest(attempt_id, g, dec.pixel, time.time() - age)
-        self.stats.attempts += 1
-        try:
-            outcome = self.robot.execute(request)
-            self._consecutive_robot_errors = 0
-        except RobotError as exc:
-            self.stats.robot_errors += 1
-            self._consecutive_robot_errors += 1
-            entry["error"] = str(exc)
-            outcome = None
-            log.error("robot: %s", exc)
-            if exc.in_motion and not self.robot.confirm_idle(self.cfg.robot_idle_timeout):
-                # The arm may still be moving: sending the next grasp could overlap it.
-                self._abort("robot_unconfirmed", f"attempt {attempt_id}: the robot did not answer in time and did "
-                            f"not confirm within {self.cfg.robot_idle_timeout:g} s that its motion ended; no further "
-                            "grasp is sent")
+        outcome = self._execute(GraspRequest(attempt_id, g, dec.pixel, time.time() - age), entry)
         self._frames_after = time.monotonic() + self.cfg.settle_s
         if outcome is not None:
             entry["outcome"] = outcome.to_dict()
@@ -253,6 +223,44 @@ class GraspLoop:
         log.info("attempt %d: grasp at (%.3f, %.3f, %.3f) yaw %.2f q=%.2f -> %s", attempt_id, *g.position, g.yaw,
                  g.quality, "error" if outcome is None else outcome.success)
         return entry
+
+    def _entry(self, frame: Frame, dec: Any, latency_ms: float) -> dict[str, Any]:
+        """The step's record before the robot acts: the frame's age, the latency, the answer's reason."""
+        return {
+            "time": time.time(),
+            "frame_age_s": round(time.monotonic() - frame.timestamp, 4),
+            "latency_ms": round(latency_ms, 2),
+            "grasp": None,
+            "pixel": None,
+            "view_pixel": None,
+            "reason": dec.reason,
+            "outcome": None,
+            "error": None,
+            "quality_threshold": self.threshold,
+            "code_version": self.runner.meta.code_version,
+            "calibration_digest": self.calib.digest(),
+            "camera": frame.source,
+        }
+
+    def _execute(self, request: GraspRequest, entry: dict) -> Outcome | None:
+        """Hand the grasp to the robot; its outcome, or ``None`` on a robot error (noted in
+        ``entry``). A robot that may still be moving and does not confirm that it stopped
+        aborts the loop: the next grasp could overlap the motion."""
+        self.stats.attempts += 1
+        try:
+            outcome = self.robot.execute(request)
+        except RobotError as exc:
+            self.stats.robot_errors += 1
+            self._consecutive_robot_errors += 1
+            entry["error"] = str(exc)
+            log.error("robot: %s", exc)
+            if exc.in_motion and not self.robot.confirm_idle(self.cfg.robot_idle_timeout):
+                self._abort("robot_unconfirmed", f"attempt {request.id}: the robot did not answer in time and "
+                            f"did not confirm within {self.cfg.robot_idle_timeout:g} s that its motion ended; no "
+                            "further grasp is sent")
+            return None
+        self._consecutive_robot_errors = 0
+        return outcome
 
     def _bad_frame(self, frame: Frame) -> tuple[str | None, bool]:
         """Why a frame must not be used (its size, a frozen camera) and whether it is stale; ``(None, False)``: usable."""
