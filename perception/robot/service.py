@@ -450,51 +450,94 @@ def create_app(
         log.warning("calibration drift from the trained camera: %s", w)
     if not background_load:
         svc.load()
-    token = token or None
-    limiter = anyio.CapacityLimiter(int(max_concurrency))
     gate = _Gate(int(max_concurrency) + int(limits.max_queue))
     stopper, stats = Stopper(), ServerStats()
-
     # One registry per app (tests run several), with the process's own metrics
     # (process_resident_memory_bytes, open fds, CPU seconds) from prometheus_client.
     registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    requests = Counter("sim2real_http_requests", "HTTP responses by path and status", ("path", "status"),
-                       registry=registry)
-    latency = Histogram("sim2real_http_request_duration_seconds", "HTTP request latency", ("path",),
-                        buckets=LATENCY_BUCKETS_S, registry=registry)
-    infer_hist = Histogram("sim2real_inference_duration_seconds", "decode + preprocess + forward + grasp decode",
-                           buckets=LATENCY_BUCKETS_S, registry=registry)
-    grasps = Counter("sim2real_grasp_answers", "200 answers by result", ("result",), registry=registry)
+    service_metrics = _ServiceMetrics.create(registry, svc, gate, stats)
+    routes = _Routes(svc, token or None, anyio.CapacityLimiter(int(max_concurrency)), gate, stopper, limits,
+                     int(max_body_bytes), service_metrics)
 
-    def gauge(name: str, doc: str, fn) -> None:
-        Gauge(name, doc, registry=registry).set_function(fn)
+    # FastAPI's own /docs and /redoc load their scripts from a CDN: blank on a robot network.
+    app = FastAPI(
+        title="sim2real-grasp service",
+        version="1",
+        description=(
+            "POST one raw PNG or JPEG frame from the calibrated camera to /v1/grasp; the answer is the best "
+            "top-down grasp inside the workspace in the robot base frame (docs/robot_cell.md, section 6)."
+        ),
+        lifespan=_lifespan(svc, stopper),
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.service = svc
+    app.state.registry = registry
+    app.state.limits, app.state.stopper, app.state.server_stats = limits, stopper, stats
+    unauthorized = {401: {"model": ErrorAnswer, "description": "token missing or wrong"}}
+    app.get("/healthz", response_model=Health, responses={503: {"model": Health}})(routes.healthz)
+    app.get("/v1/info", responses=unauthorized)(routes.info)
 
-    gauge("sim2real_model_ready", "1 once the model is loaded", lambda: 1.0 if svc.ready else 0.0)
-    gauge("sim2real_calibration_drift_warnings", "calibration differences from the trained camera",
-          lambda: float(len(svc.warnings)))
-    gauge("sim2real_repeats_remembered", "grasps not answered again: they just failed on the unchanged scene",
-          lambda: float(svc.repeats.state()["remembered"]) if svc.repeats else 0.0)
-    gauge("sim2real_grasp_requests_admitted", "/v1/grasp requests between admission and answer",
-          lambda: float(gate.admitted))
-    gauge("sim2real_grasp_requests_refused_queue_full", "/v1/grasp requests answered 503: queue full (total)",
-          lambda: float(gate.refused))
-    gauge("sim2real_grasp_uploads_evicted", "/v1/grasp bodies answered 503: slowest upload when a new request "
-          "found the queue full (total)", lambda: float(gate.evicted))
-    gauge("sim2real_open_connections", "open HTTP connections", lambda: float(stats.open_connections))
-    gauge("sim2real_connections_refused", "connections over limits.max_connections, answered 503 (total)",
-          lambda: float(stats.refused_connections))
-    gauge("sim2real_header_timeouts", "connections closed: no request headers in time (total)",
-          lambda: float(stats.header_timeouts))
-    gauge("sim2real_accept_errors", "failed accepts: out of file descriptors (total)",
-          lambda: float(stats.accept_errors))
-    gauge("sim2real_recorded_attempts", "attempts in record_dir (0: not recording)",
-          lambda: float(svc.recording.count) if svc.recording else 0.0)
-    gauge("sim2real_online_updates", "outcomes the online residual learnt from (online=true)",
-          lambda: float(svc.online.updates) if svc.online else 0.0)
-    gauge("sim2real_recording_refused", "answered grasps not recorded: the cap was reached or the disk failed (total)",
-          lambda: float(svc.recording_refused))
-    outcomes = Counter("sim2real_outcomes", "POST /v1/outcome answers by status", ("status",), registry=registry)
+    @app.get("/metrics", response_class=Response, responses=unauthorized)
+    async def metrics(request: Request):
+        return routes.auth_error(request) or Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    async def docs():
+        return HTMLResponse(api_docs_html(app.openapi()))
+
+    app.post(**_GRASP_ROUTE)(routes.grasp)
+    app.post("/v1/outcome", **_OUTCOME_ROUTE)(routes.outcome)
+    app.add_middleware(_MetricsMiddleware, requests=service_metrics.requests, latency=service_metrics.latency)
+    return app
+
+
+_BODY_DOC = {"schema": {"type": "string", "format": "binary"}}
+
+#: ``POST /v1/grasp``'s OpenAPI description.
+_GRASP_ROUTE = dict(
+    path="/v1/grasp",
+    response_model=GraspAnswer,
+    responses={
+        200: {"content": {"image/png": {}}, "description": "the grasp (or, with debug=1, the frame with it drawn "
+              "and the JSON answer in the X-Grasp-Result header)"},
+        400: {"model": ErrorAnswer, "description": "undecodable image, a size other than image_size, or a "
+              "JPEG with too many scans"},
+        401: {"model": ErrorAnswer, "description": "token missing or wrong (checked before the body is read)"},
+        408: {"model": ErrorAnswer, "description": "the body did not arrive within limits.body_timeout_s"},
+        413: {"model": ErrorAnswer, "description": "body over the limit"},
+        415: {"model": ErrorAnswer, "description": "not image/png or image/jpeg"},
+        503: {"model": ErrorAnswer, "description": "model not loaded yet, queue full, or shutting down "
+              "(Retry-After)"},
+    },
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"image/png": _BODY_DOC, "image/jpeg": _BODY_DOC}},
+        "parameters": [{"name": "debug", "in": "query", "required": False, "schema": {"type": "integer"},
+                        "description": "1: answer the frame with the grasp drawn (PNG)"}],
+    },
+)
+
+#: ``POST /v1/outcome``'s OpenAPI description.
+_OUTCOME_ROUTE = dict(
+    responses={
+        200: {"description": "the outcome is on disk", "content": {"application/json": {"example": {"recorded": True}}}},
+        400: {"model": ErrorAnswer, "description": "not JSON"},
+        401: {"model": ErrorAnswer, "description": "token missing or wrong (checked before the body is read)"},
+        404: {"model": ErrorAnswer, "description": "no such attempt_id in the recording"},
+        409: {"model": ErrorAnswer, "description": "the service is not recording (no record_dir)"},
+        413: {"model": ErrorAnswer, "description": f"body over {MAX_OUTCOME_BYTES} bytes"},
+        415: {"model": ErrorAnswer, "description": "not application/json"},
+        422: {"model": ErrorAnswer, "description": "attempt_id (a non-empty string) or success (a boolean) missing"},
+    },
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["attempt_id", "success"],
+        "properties": {"attempt_id": {"type": "string"}, "success": {"type": "boolean"}}}}}}},
+)
+
+
+def _lifespan(svc: GraspService, stopper: Stopper):
+    """Load the model in a thread when it was not loaded at start-up; on shutdown, stop the
+    waits and close the recording (flushed, the folder released for the next process)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -510,82 +553,105 @@ def create_app(
         yield
         stopper.begin()
         if svc.recording is not None:
-            svc.recording.close()  # flushes and releases the folder for the next process
+            svc.recording.close()
 
-    # FastAPI's own /docs and /redoc load their scripts from a CDN: blank on a robot network.
-    app = FastAPI(
-        title="sim2real-grasp service",
-        version="1",
-        description=(
-            "POST one raw PNG or JPEG frame from the calibrated camera to /v1/grasp; the answer is the best "
-            "top-down grasp inside the workspace in the robot base frame (docs/robot_cell.md, section 6)."
-        ),
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-    )
-    app.state.service = svc
-    app.state.registry = registry
-    app.state.limits, app.state.stopper, app.state.server_stats = limits, stopper, stats
+    return lifespan
 
-    def auth_error(request: Request) -> JSONResponse | None:
-        if token is None:
+
+@dataclass
+class _ServiceMetrics:
+    """The service's Prometheus metrics (one registry per app)."""
+
+    requests: Counter
+    latency: Histogram
+    infer_hist: Histogram
+    grasps: Counter
+    outcomes: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry, svc: GraspService, gate: _Gate, stats: ServerStats) -> _ServiceMetrics:
+        ProcessCollector(registry=registry)
+        out = cls(
+            requests=Counter("sim2real_http_requests", "HTTP responses by path and status", ("path", "status"),
+                             registry=registry),
+            latency=Histogram("sim2real_http_request_duration_seconds", "HTTP request latency", ("path",),
+                              buckets=LATENCY_BUCKETS_S, registry=registry),
+            infer_hist=Histogram("sim2real_inference_duration_seconds", "decode + preprocess + forward + grasp decode",
+                                 buckets=LATENCY_BUCKETS_S, registry=registry),
+            grasps=Counter("sim2real_grasp_answers", "200 answers by result", ("result",), registry=registry),
+            outcomes=Counter("sim2real_outcomes", "POST /v1/outcome answers by status", ("status",),
+                             registry=registry),
+        )
+
+        def gauge(name: str, doc: str, fn) -> None:
+            Gauge(name, doc, registry=registry).set_function(fn)
+
+        gauge("sim2real_model_ready", "1 once the model is loaded", lambda: 1.0 if svc.ready else 0.0)
+        gauge("sim2real_calibration_drift_warnings", "calibration differences from the trained camera",
+              lambda: float(len(svc.warnings)))
+        gauge("sim2real_repeats_remembered", "grasps not answered again: they just failed on the unchanged scene",
+              lambda: float(svc.repeats.state()["remembered"]) if svc.repeats else 0.0)
+        gauge("sim2real_grasp_requests_admitted", "/v1/grasp requests between admission and answer",
+              lambda: float(gate.admitted))
+        gauge("sim2real_grasp_requests_refused_queue_full", "/v1/grasp requests answered 503: queue full (total)",
+              lambda: float(gate.refused))
+        gauge("sim2real_grasp_uploads_evicted", "/v1/grasp bodies answered 503: slowest upload when a new request "
+              "found the queue full (total)", lambda: float(gate.evicted))
+        gauge("sim2real_open_connections", "open HTTP connections", lambda: float(stats.open_connections))
+        gauge("sim2real_connections_refused", "connections over limits.max_connections, answered 503 (total)",
+              lambda: float(stats.refused_connections))
+        gauge("sim2real_header_timeouts", "connections closed: no request headers in time (total)",
+              lambda: float(stats.header_timeouts))
+        gauge("sim2real_accept_errors", "failed accepts: out of file descriptors (total)",
+              lambda: float(stats.accept_errors))
+        gauge("sim2real_recorded_attempts", "attempts in record_dir (0: not recording)",
+              lambda: float(svc.recording.count) if svc.recording else 0.0)
+        gauge("sim2real_online_updates", "outcomes the online residual learnt from (online=true)",
+              lambda: float(svc.online.updates) if svc.online else 0.0)
+        gauge("sim2real_recording_refused", "answered grasps not recorded: the cap was reached or the disk failed (total)",
+              lambda: float(svc.recording_refused))
+        return out
+
+
+@dataclass
+class _Routes:
+    """What the service's routes share: the service, the token, the inference slots, the
+    admission gate, shutdown, the limits and the metrics."""
+
+    svc: GraspService
+    token: str | None
+    limiter: anyio.CapacityLimiter
+    gate: _Gate
+    stopper: Stopper
+    limits: ServerLimits
+    max_body_bytes: int
+    metrics: _ServiceMetrics
+
+    def auth_error(self, request: Request) -> JSONResponse | None:
+        """``401`` unless the request carries the token (``None`` when none is set)."""
+        if self.token is None:
             return None
         auth = request.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode()):
             return None
         return _error(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
                       {"WWW-Authenticate": "Bearer"})
 
-    @app.get("/healthz", response_model=Health, responses={503: {"model": Health}})
-    async def healthz():
-        if svc.ready:
+    async def healthz(self):
+        if self.svc.ready:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "error" if svc.load_error else "loading"}, status_code=503)
+        return JSONResponse({"status": "error" if self.svc.load_error else "loading"}, status_code=503)
 
-    @app.get("/v1/info", responses={401: {"model": ErrorAnswer, "description": "token missing or wrong"}})
-    async def info(request: Request):
-        return auth_error(request) or JSONResponse(svc.info())
+    async def info(self, request: Request):
+        return self.auth_error(request) or JSONResponse(self.svc.info())
 
-    @app.get("/metrics", response_class=Response,
-             responses={401: {"model": ErrorAnswer, "description": "token missing or wrong"}})
-    async def metrics(request: Request):
-        return auth_error(request) or Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
-    async def docs():
-        return HTMLResponse(api_docs_html(app.openapi()))
-
-    body_doc = {"schema": {"type": "string", "format": "binary"}}
-
-    @app.post(
-        "/v1/grasp",
-        response_model=GraspAnswer,
-        responses={
-            200: {"content": {"image/png": {}}, "description": "the grasp (or, with debug=1, the frame with it drawn "
-                  "and the JSON answer in the X-Grasp-Result header)"},
-            400: {"model": ErrorAnswer, "description": "undecodable image, a size other than image_size, or a "
-                  "JPEG with too many scans"},
-            401: {"model": ErrorAnswer, "description": "token missing or wrong (checked before the body is read)"},
-            408: {"model": ErrorAnswer, "description": "the body did not arrive within limits.body_timeout_s"},
-            413: {"model": ErrorAnswer, "description": "body over the limit"},
-            415: {"model": ErrorAnswer, "description": "not image/png or image/jpeg"},
-            503: {"model": ErrorAnswer, "description": "model not loaded yet, queue full, or shutting down "
-                  "(Retry-After)"},
-        },
-        openapi_extra={
-            "requestBody": {"required": True, "content": {"image/png": body_doc, "image/jpeg": body_doc}},
-            "parameters": [{"name": "debug", "in": "query", "required": False, "schema": {"type": "integer"},
-                            "description": "1: answer the frame with the grasp drawn (PNG)"}],
-        },
-    )
-    async def grasp(request: Request):
+    async def grasp(self, request: Request):
         t0 = time.perf_counter()
         # Everything that can be refused is refused before the body is read: a refused
         # request costs neither memory nor a wait for its bytes (perception.robot.server bounds
         # how long its rest may trickle in).
-        if (denied := auth_error(request)) is not None:
+        if (denied := self.auth_error(request)) is not None:
             return denied
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in ACCEPTED_TYPES:
@@ -594,41 +660,28 @@ def create_app(
         declared = request.headers.get("content-length")
         if declared is not None:
             try:
-                if int(declared) > max_body_bytes:
-                    return _error(413, f"body of {int(declared)} bytes is over the limit of {max_body_bytes}")
+                if int(declared) > self.max_body_bytes:
+                    return _error(413, f"body of {int(declared)} bytes is over the limit of {self.max_body_bytes}")
             except ValueError:
                 return _error(400, "invalid Content-Length")
-        if not svc.ready:
+        if not self.svc.ready:
             return _error(503, "the model is not loaded yet", {"Retry-After": "1"})
-        if stopper.stopping.is_set():
+        if self.stopper.stopping.is_set():
             return _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
-        if (ticket := gate.admit()) is None:
-            return _error(503, f"{gate.capacity} requests are already queued or running; retry shortly",
+        if (ticket := self.gate.admit()) is None:
+            return _error(503, f"{self.gate.capacity} requests are already queued or running; retry shortly",
                           {"Retry-After": "1"})
         try:
-            with ticket.scope, stopper.waiting() as stop_scope, \
-                    anyio.move_on_after(limits.body_timeout_s) as body_scope:
-                try:
-                    body, size = await _read_body(request, max_body_bytes, ticket)
-                except ClientDisconnect:
-                    return _error(400, "client disconnected before sending the whole body")
-            ticket.uploading = False
-            if ticket.evicted:
-                return _error(503, "the queue is full and this body was the slowest to arrive; retry shortly",
-                              {"Retry-After": "1"}, close=True)
-            if stop_scope.cancelled_caught:
-                return _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
-            if body_scope.cancelled_caught:
-                return _error(408, f"the body did not arrive within {limits.body_timeout_s:g} s", close=True)
-            if body is None:
-                return _error(413, f"body of {size}+ bytes is over the limit of {max_body_bytes}")
+            body, refused = await self._receive(request, ticket)
+            if refused is not None:
+                return refused
             debug = request.query_params.get("debug", "0").lower() in ("1", "true", "yes")
             result = None
-            with stopper.waiting() as stop_scope:
+            with self.stopper.waiting():
                 try:
                     t_inf = time.perf_counter()
-                    result = await anyio.to_thread.run_sync(svc.process, body, debug, ext, limiter=limiter)
-                    infer_hist.observe(time.perf_counter() - t_inf)
+                    result = await anyio.to_thread.run_sync(self.svc.process, body, debug, ext, limiter=self.limiter)
+                    self.metrics.infer_hist.observe(time.perf_counter() - t_inf)
                 except (ImageDecodeError, PreprocessError) as exc:
                     return _error(400, str(exc))
                 except Exception:
@@ -637,47 +690,52 @@ def create_app(
             if result is None:  # shutdown cancelled the wait for an inference slot
                 return _error(503, "the service is shutting down", {"Retry-After": "1"})
         finally:
-            gate.release(ticket)
+            self.gate.release(ticket)
         dec = result.decoded
-        grasps.labels("grasp" if dec.grasp is not None else "none").inc()
+        self.metrics.grasps.labels("grasp" if dec.grasp is not None else "none").inc()
         answer = dec.to_dict()
         answer["latency_ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
         answer = {k: answer[k] for k in ("grasp", "pixel", "latency_ms", "reason")}
-        if svc.recording is not None:
+        if self.svc.recording is not None:
             answer["attempt_id"] = result.attempt_id  # null: no grasp, or not recorded (the cap)
         if debug:
             png = await anyio.to_thread.run_sync(
-                lambda: encode_image(draw_decoded(result.rgb, dec, svc.calib), "png"), limiter=limiter)
+                lambda: encode_image(draw_decoded(result.rgb, dec, self.svc.calib), "png"), limiter=self.limiter)
             return Response(png, media_type="image/png",
                             headers={"X-Grasp-Result": json.dumps(answer, separators=(",", ":"))})
         return Response(json.dumps(answer), media_type="application/json")
 
-    @app.post(
-        "/v1/outcome",
-        responses={
-            200: {"description": "the outcome is on disk", "content": {"application/json": {"example": {"recorded": True}}}},
-            400: {"model": ErrorAnswer, "description": "not JSON"},
-            401: {"model": ErrorAnswer, "description": "token missing or wrong (checked before the body is read)"},
-            404: {"model": ErrorAnswer, "description": "no such attempt_id in the recording"},
-            409: {"model": ErrorAnswer, "description": "the service is not recording (no record_dir)"},
-            413: {"model": ErrorAnswer, "description": f"body over {MAX_OUTCOME_BYTES} bytes"},
-            415: {"model": ErrorAnswer, "description": "not application/json"},
-            422: {"model": ErrorAnswer, "description": "attempt_id (a non-empty string) or success (a boolean) missing"},
-        },
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "type": "object", "required": ["attempt_id", "success"],
-            "properties": {"attempt_id": {"type": "string"}, "success": {"type": "boolean"}}}}}}},
-    )
-    async def outcome(request: Request):
-        answer = await _outcome(request)
-        outcomes.labels(str(answer.status_code)).inc()
+    async def _receive(self, request: Request, ticket: _Ticket) -> tuple[bytes | None, Response | None]:
+        """The frame's bytes, read within the body timeout; or, instead, the answer that refuses
+        it (disconnected, evicted from a full queue, shutting down, too slow, too large)."""
+        with ticket.scope, self.stopper.waiting() as stop_scope, \
+                anyio.move_on_after(self.limits.body_timeout_s) as body_scope:
+            try:
+                body, size = await _read_body(request, self.max_body_bytes, ticket)
+            except ClientDisconnect:
+                return None, _error(400, "client disconnected before sending the whole body")
+        ticket.uploading = False
+        if ticket.evicted:
+            return None, _error(503, "the queue is full and this body was the slowest to arrive; retry shortly",
+                                {"Retry-After": "1"}, close=True)
+        if stop_scope.cancelled_caught:
+            return None, _error(503, "the service is shutting down", {"Retry-After": "1"}, close=True)
+        if body_scope.cancelled_caught:
+            return None, _error(408, f"the body did not arrive within {self.limits.body_timeout_s:g} s", close=True)
+        if body is None:
+            return None, _error(413, f"body of {size}+ bytes is over the limit of {self.max_body_bytes}")
+        return body, None
+
+    async def outcome(self, request: Request):
+        answer = await self._outcome(request)
+        self.metrics.outcomes.labels(str(answer.status_code)).inc()
         return answer
 
-    async def _outcome(request: Request) -> Response:
+    async def _outcome(self, request: Request) -> Response:
         # As for frames: everything that can be refused is refused before the body is read.
-        if (denied := auth_error(request)) is not None:
+        if (denied := self.auth_error(request)) is not None:
             return denied
-        if svc.recording is None:
+        if self.svc.recording is None:
             return _error(409, "this service is not recording: start it with record_dir=DIR")
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
@@ -686,13 +744,13 @@ def create_app(
         if declared is not None and (not declared.isdigit() or int(declared) > MAX_OUTCOME_BYTES):
             return _error(413 if declared.isdigit() else 400,
                           f"an outcome body is at most {MAX_OUTCOME_BYTES} bytes, got {declared}")
-        with anyio.move_on_after(limits.body_timeout_s) as body_scope:
+        with anyio.move_on_after(self.limits.body_timeout_s) as body_scope:
             try:
                 body, size = await _read_body(request, MAX_OUTCOME_BYTES)
             except ClientDisconnect:
                 return _error(400, "client disconnected before sending the whole body")
         if body_scope.cancelled_caught:
-            return _error(408, f"the body did not arrive within {limits.body_timeout_s:g} s", close=True)
+            return _error(408, f"the body did not arrive within {self.limits.body_timeout_s:g} s", close=True)
         if body is None:
             return _error(413, f"an outcome body is at most {MAX_OUTCOME_BYTES} bytes")
         try:
@@ -707,16 +765,13 @@ def create_app(
         if not isinstance(success, bool):
             return _error(422, f"success must be true or false, got {success!r}")
         try:
-            known = await anyio.to_thread.run_sync(svc.record_outcome, attempt_id, success)
+            known = await anyio.to_thread.run_sync(self.svc.record_outcome, attempt_id, success)
         except OSError as exc:
             log.error("writing an outcome failed: %s", exc)
             return _error(503, "the outcome could not be written; retry", {"Retry-After": "1"})
         if not known:
             return _error(404, f"no attempt {attempt_id!r} in this recording")
         return JSONResponse({"recorded": True})
-
-    app.add_middleware(_MetricsMiddleware, requests=requests, latency=latency)
-    return app
 
 
 # ------------------------------------------------------------------------ CLI
