@@ -639,7 +639,7 @@ def _frame_scenes(frames: Any) -> list[int]:
 def _spec_view(calib: Calibration, spec: dict | None, view_size: Sequence[int] | None) -> NetworkView:
     """The view a spec ``{"kind", **kw}`` and a size describe on ``calib``; what is not given
     (``None``, or a spec without ``kind``) is the config's (``conf/policy/default.yaml``)."""
-    spec = {**(policy_default("view") if not spec or "kind" not in spec else {}), **dict(spec or {})}
+    spec = dict(spec) if spec and "kind" in spec else {**policy_default("view"), **dict(spec or {})}
     size = policy_default("view_size") if view_size is None else view_size
     return make_view(calib, tuple(int(v) for v in size), str(spec.pop("kind")), **spec)
 

@@ -85,7 +85,6 @@ class SceneWorld:
     hand: FloatingHand
     urdfs: list[str]  # the object split's URDF files
     timing: GraspTiming
-    size: tuple[int, int]  # rendered raw frame size (W, H)
 
 
 class SceneRenderer:
@@ -135,7 +134,6 @@ class SceneRenderer:
                 hand=FloatingHand(cell),
                 urdfs=object_urdfs(cfg.object_split),
                 timing=GraspTiming(g.descend_steps, g.close_steps, g.lift_steps, g.hold_steps),
-                size=render_size(calib, cfg.resolution_scale),
             )
         return self._state
 

@@ -258,9 +258,9 @@ def decode_grasp(
     m = float(workspace_margin)
     vs, us = np.divmod(idx, W)
     uv = np.stack([us, vs], axis=1).astype(np.float64)
-    z, inside = _centres_inside(uv, hmap.reshape(-1)[idx], calib, view, m)
-    if isinstance(inside, str):
-        return _none(inside.format(threshold=threshold, n=idx.size))
+    z, inside, why = _centres_inside(uv, hmap.reshape(-1)[idx], calib, view, m, threshold)
+    if why is not None:
+        return _none(why)
     cand = np.flatnonzero(inside)
     k = cand[np.argmax(sbest.reshape(-1)[idx[cand]])]
     v, u = int(vs[k]), int(us[k])
@@ -370,13 +370,12 @@ def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.n
 
 
 def _centres_inside(uv: np.ndarray, heights: np.ndarray, calib: Calibration, view: NetworkView,
-                    margin: float) -> tuple[np.ndarray, np.ndarray | str]:
+                    margin: float, threshold: float) -> tuple[np.ndarray, np.ndarray, str | None]:
     """Back-project candidate centres at their own fingertip heights; which lie inside the
     workspace (less ``margin``), low enough, and where the camera sees the workspace.
 
     Returns:
-        The fingertip heights ``z`` in ``B`` and a boolean mask, or instead of the mask a
-        reason (a format string of ``threshold`` and ``n``) when none is left.
+        The fingertip heights ``z`` in ``B``, a boolean mask, and the reason when none is left.
     """
     z = calib.table_z + heights.astype(np.float64)
     z = np.maximum(z, calib.table_z + MIN_TIP_CLEARANCE)
@@ -392,7 +391,8 @@ def _centres_inside(uv: np.ndarray, heights: np.ndarray, calib: Calibration, vie
             & (z <= calib.table_z + MAX_TIP_HEIGHT)
         )
     if not inside.any():
-        return z, "no grasp at or above the quality threshold {threshold:.2f} lies inside the workspace ({n} candidates outside)"
+        return z, inside, (f"no grasp at or above the quality threshold {threshold:.2f} lies inside the workspace "
+                           f"({len(uv)} candidates outside)")
     # A camera may leave a corner of the workspace out of its frame: nothing is answered there.
     # When the box from the table to the highest candidate is in view, so is every candidate.
     top = float(z[inside].max())
@@ -400,9 +400,9 @@ def _centres_inside(uv: np.ndarray, heights: np.ndarray, calib: Calibration, vie
     if not calib.in_image(project_points(box, calib)).all():
         inside[np.flatnonzero(inside)[~calib.in_image(project_points(centres[inside], calib))]] = False
         if not inside.any():
-            return z, ("no grasp at or above the quality threshold {threshold:.2f} lies where the camera "
-                       "sees the workspace")
-    return z, inside
+            return z, inside, (f"no grasp at or above the quality threshold {threshold:.2f} lies where the camera "
+                               "sees the workspace")
+    return z, inside, None
 
 
 def _avoided(

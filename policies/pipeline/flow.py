@@ -155,9 +155,12 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     sim_path, sim_res, sim_hash = _render_stage(run)
     adapt_path, adapt_res, adapt_hash = _adapt_stage(run, sim_path, sim_hash, real_dir, real_hash)
     translator_path = str(adapt_path) if adapt_path is not None else None
-    p_cfg, policy_res, policy_hash = _policy_stage(run, sim_path, sim_hash, translator_path, adapt_hash)
-    consistency_res, policy_res, policy_hash, translator_path = _consistency_stage(
+    translator = _translator(translator_path)  # loaded once: the policy trains through it, the report draws it
+    p_cfg, policy_res, policy_hash = _policy_stage(run, sim_path, sim_hash, translator, adapt_hash)
+    consistency_res, policy_res, policy_hash, tuned_path = _consistency_stage(
         run, sim_path, sim_hash, adapt_path, adapt_hash, p_cfg, policy_res, policy_hash, translator_path)
+    if tuned_path != translator_path:  # task consistency fine-tuned it
+        translator_path, translator = tuned_path, _translator(tuned_path)
     served, int8_res, policy_hash = _int8(run, policy_res, policy_hash, real_dir, real_hash)
     artifact = replace_tree(served, out / "artifact")
     eval_res = _eval_stage(run, served, policy_hash)
@@ -187,8 +190,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "int8": int8_res,
         "evaluation": eval_res,
     }
-    write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=_translator(translator_path),
-                 calib=run.calib)
+    write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=run.calib)
     return report
 
 
@@ -284,7 +286,7 @@ def _adapt_stage(run: _Run, sim_path: Path, sim_hash: str, real_dir: Path,
     return run.stages.run("adapt", a_payload, make_adapt)
 
 
-def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator_path: str | None,
+def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator: Any,
                   adapt_hash: str) -> tuple[dict, dict, str]:
     """The policy, trained (from the base) on the sim frames seen through the translator;
     training exports the artifact into the stage. Returns its resolved config too."""
@@ -302,7 +304,7 @@ def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator_path: str
 
     def make_policy(d: Path) -> dict:
         summary = train_policy(OmegaConf.create({"policy": p_cfg, "seed": seed, "logger": to_plain(cfg.get("logger"))}),
-                               [str(sim_path)], d, translator=_translator(translator_path), seed=seed,
+                               [str(sim_path)], d, translator=translator, seed=seed,
                                ckpt_path="last")
         return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
                                         "n_train_frames", "n_val_frames", "adapted", "base")}
