@@ -45,32 +45,21 @@ def _stats(ms: list[float]) -> dict:
     return {"median_ms": statistics.median(s), "p90_ms": s[int(0.9 * (len(s) - 1))], "n": len(s)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    import torch
-
-    from perception.core.artifact import PolicyRunner
+def _network_and_artifact(args: argparse.Namespace) -> tuple:
+    """The torch network and its artifact: from ``--checkpoint`` (exported to a temporary
+    folder), ``--artifact`` (its ``policy.ckpt`` beside it) or a fresh network; and the
+    temporary folder to clean up (``None`` when there is none)."""
     from perception.core.calibration import Calibration, default_calibration_path
-    from perception.core.decode import decode_grasp
-    from perception.core.geometry import network_view
+    from perception.core.geometry import NetworkView, network_view
     from policies.export import export_artifact
     from policies.module import GraspPolicyModule
-    from policies.networks import ExportWrapper, GraspNet, count_parameters
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--artifact", type=Path, default=None)
-    ap.add_argument("--checkpoint", type=Path, default=None)
-    ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    from policies.networks import GraspNet
 
     tmp = None
     if args.checkpoint is not None:
         module = GraspPolicyModule.load_from_checkpoint(args.checkpoint, map_location="cpu")
         net = module.net.eval()
         calib = Calibration.from_dict(module.hparams["calibration"], check_view=False)
-        from perception.core.geometry import NetworkView
-
         view = NetworkView.from_dict(module.hparams["view"])
         tmp = tempfile.TemporaryDirectory()
         artifact = export_artifact(net, view, calib, module.hparams["config"]["policy"], Path(tmp.name) / "artifact")
@@ -86,7 +75,25 @@ def main(argv: list[str] | None = None) -> dict:
         net = GraspNet(angle_bins=12, base_channels=16).eval()
         tmp = tempfile.TemporaryDirectory()
         artifact = export_artifact(net, view, calib, {"quality_threshold": 0.5}, Path(tmp.name) / "artifact")
+    return net, artifact, tmp
 
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    from perception.core.artifact import PolicyRunner
+    from perception.core.decode import decode_grasp
+    from policies.networks import ExportWrapper, count_parameters
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--artifact", type=Path, default=None)
+    ap.add_argument("--checkpoint", type=Path, default=None)
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    net, artifact, tmp = _network_and_artifact(args)
     runner = PolicyRunner(artifact, intra_op_num_threads=args.threads)
     W, H = runner.meta.input_size
     rng = np.random.default_rng(0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -179,8 +180,39 @@ def run(args: argparse.Namespace) -> dict:
         rgb = camera_like_frame(calib, seed=i)
         frames["png"].append(encode_image(rgb, "png"))
         frames["jpeg"].append(encode_image(rgb, "jpeg", quality=90))
+    stages, precision, checks = _stage_timings(args, artifact, calib, threads, frames)
+    try:
+        e2e, server_ms, rss_idle, rss, hwm_kb, loads = _serve(args, artifact, calib, threads, frames, "auto",
+                                                              ("png", "jpeg"), args.loads)
+        e2e_fp32 = (_serve(args, artifact, calib, threads, frames, "fp32", ("png",), False)[0]["png"]
+                    if precision == "int8" else None)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    meta = json.loads((Path(artifact) / "metadata.json").read_text()) if tmp is None else {"input": {"size": [160, 120]}}
+    return {
+        "artifact": "synthetic (3 conv layers, 16 channels)" if tmp is not None else str(artifact),
+        "input_size": meta["input"]["size"],
+        "precision": precision,
+        "threads": threads,
+        "n": args.n,
+        "machine": f"{platform.machine()}, {cpu_count()} CPU cores, {platform.python_version()}",
+        "e2e_ms": {f: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for f, v in e2e.items()},
+        "e2e_fp32_png_ms": None if e2e_fp32 is None else {"p50": 1000 * pct(e2e_fp32, 50), "p99": 1000 * pct(e2e_fp32, 99)},
+        "server_ms": {f: {"p50": pct(v, 50), "p99": pct(v, 99)} for f, v in server_ms.items()},
+        "stages_ms": {k: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for k, v in stages.items()},
+        "frame_kb": {f: round(np.mean([len(b) for b in frames[f]]) / 1024, 1) for f in frames},
+        "rss_mb": {"idle": rss_idle / 2**20, "after": rss / 2**20, "peak": hwm_kb / 1024},
+        "load_avg": os.getloadavg()[0],
+        "loads": loads,
+        "checks": checks,  # the re-ranking checks timed on
+    }
 
-    # In-process stage timings and the raw forward pass (same thread count as the service).
+
+def _stage_timings(args: argparse.Namespace, artifact, calib: Calibration, threads: int,
+                   frames: dict) -> tuple[dict[str, list[float]], str, list[str]]:
+    """In-process stage timings and the raw forward pass (the service's thread count): the
+    stages' seconds, the precision the service runs, and the re-ranking checks timed on."""
     runner = PolicyRunner(artifact, calib, intra_op_num_threads=threads)
     # The float graphs beside the int8 ones the service runs, when the artifact has both.
     fp32 = PolicyRunner(artifact, calib, intra_op_num_threads=threads, precision="fp32") if runner.precision == "int8" else None
@@ -228,78 +260,59 @@ def run(args: argparse.Namespace) -> dict:
             fp32.forward(fp32.to_input(view))
             stages["forward_fp32"].append(time.perf_counter() - t)
         if "geometry" in stages:
-            t = time.perf_counter()
-            surface = [runner.geometry_surface(rgb)[0][None, None]]
-            stages["geometry"].append(time.perf_counter() - t)
-            if fp32 is not None:
-                t = time.perf_counter()
-                fp32.geometry_surface(rgb)
-                stages["geometry_fp32"].append(time.perf_counter() - t)
+            surface = _time_geometry(runner, fp32, rgb, stages)
+        decode = functools.partial(decode_grasp, q[0], w[0, 0], h[0, 0], runner.calib, runner.view,
+                                   runner.meta.quality_threshold)
         t = time.perf_counter()
-        dec = decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
-                           surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
+        dec = decode(surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
         stages["grasp_decode"].append(time.perf_counter() - t)
         if has_surface:
             for key, opts in (("grasp_decode_checks_on", checks_on), ("grasp_decode_checks_off", checks_off)):
                 t = time.perf_counter()
-                decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
-                             surface=surface[0][0, 0], **opts)
+                decode(surface=surface[0][0, 0], **opts)
                 stages[key].append(time.perf_counter() - t)
         t = time.perf_counter()
         fingerprint = guard.fingerprint(rgb)
         avoid = guard.failed(fingerprint)
         stages["repeat_guard"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        dec = decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, runner.meta.quality_threshold,
-                           surface=surface[0][0, 0] if surface else None, **runner.meta.decode, avoid=avoid,
-                           **guard.decode_options)
+        dec = decode(surface=surface[0][0, 0] if surface else None, **runner.meta.decode, avoid=avoid,
+                     **guard.decode_options)
         stages["grasp_decode_avoiding"].append(time.perf_counter() - t)
         t = time.perf_counter()
         guard.answered(fingerprint, dec.grasp)
         stages["repeat_guard"][-1] += time.perf_counter() - t
-    precision = runner.precision
-    del runner, fp32
+    return stages, runner.precision, [k for k in CHECK_OPTIONS if k in checks_on]
 
-    def serve(precision: str, fmts: tuple[str, ...], loads: bool):
-        port = free_port()
-        cmd = [sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
-               f"calibration={args.calibration or default_calibration_path()}", f"port={port}", f"threads={threads}",
-               f"precision={precision}", "log_level=warning"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        try:
-            return _time_service(proc, f"http://127.0.0.1:{port}", port, frames, fmts, args,
-                                 calib if loads else None)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
+def _time_geometry(runner: PolicyRunner, fp32: PolicyRunner | None, rgb: np.ndarray, stages: dict) -> list:
+    """The geometry graph and its surface's rebuild (and the float graph's, beside it)."""
+    t = time.perf_counter()
+    surface = [runner.geometry_surface(rgb)[0][None, None]]
+    stages["geometry"].append(time.perf_counter() - t)
+    if fp32 is not None:
+        t = time.perf_counter()
+        fp32.geometry_surface(rgb)
+        stages["geometry_fp32"].append(time.perf_counter() - t)
+    return surface
+
+
+def _serve(args: argparse.Namespace, artifact, calib: Calibration, threads: int, frames: dict, precision: str,
+           fmts: tuple[str, ...], loads: bool) -> tuple:
+    """Start ``sim2real-serve`` at ``precision`` and time ``/v1/grasp`` on it (:func:`_time_service`)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
+           f"calibration={args.calibration or default_calibration_path()}", f"port={port}", f"threads={threads}",
+           f"precision={precision}", "log_level=warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        e2e, server_ms, rss_idle, rss, hwm_kb, loads = serve("auto", ("png", "jpeg"), args.loads)
-        e2e_fp32 = serve("fp32", ("png",), False)[0]["png"] if precision == "int8" else None
+        return _time_service(proc, f"http://127.0.0.1:{port}", port, frames, fmts, args, calib if loads else None)
     finally:
-        if tmp is not None:
-            tmp.cleanup()
-    meta = json.loads((Path(artifact) / "metadata.json").read_text()) if tmp is None else {"input": {"size": [160, 120]}}
-    return {
-        "artifact": "synthetic (3 conv layers, 16 channels)" if tmp is not None else str(artifact),
-        "input_size": meta["input"]["size"],
-        "precision": precision,
-        "threads": threads,
-        "n": args.n,
-        "machine": f"{platform.machine()}, {cpu_count()} CPU cores, {platform.python_version()}",
-        "e2e_ms": {f: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for f, v in e2e.items()},
-        "e2e_fp32_png_ms": None if e2e_fp32 is None else {"p50": 1000 * pct(e2e_fp32, 50), "p99": 1000 * pct(e2e_fp32, 99)},
-        "server_ms": {f: {"p50": pct(v, 50), "p99": pct(v, 99)} for f, v in server_ms.items()},
-        "stages_ms": {k: {"p50": 1000 * pct(v, 50), "p99": 1000 * pct(v, 99)} for k, v in stages.items()},
-        "frame_kb": {f: round(np.mean([len(b) for b in frames[f]]) / 1024, 1) for f in frames},
-        "rss_mb": {"idle": rss_idle / 2**20, "after": rss / 2**20, "peak": hwm_kb / 1024},
-        "load_avg": os.getloadavg()[0],
-        "loads": loads,
-        "checks": [k for k in CHECK_OPTIONS if k in checks_on],  # the re-ranking checks timed on
-    }
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _time_service(proc, url: str, port: int, frames: dict, fmts: tuple[str, ...], args, loads_calib) -> tuple:

@@ -12,7 +12,13 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from conf.schema import register as register_schemas
+
 __all__ = ["REMOVED_KEYS", "config_default", "policy_default", "removed_key"]
+
+# The schemas (conf/schema.py) go into Hydra's ConfigStore when the config package is
+# imported, which Hydra does (``pkg://conf``) before it composes anything.
+register_schemas()
 
 #: Keys taken out of (or renamed in) ``conf/``, each with what to use instead: a command line
 #: that still sets one is refused with this message (exit 2) rather than Hydra's "not in struct".

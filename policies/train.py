@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import pytorch_lightning as pl
@@ -26,10 +26,17 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from conf import policy_default
+from conf.schema import Augment, section_problems
 from perception.core.atomic import atomic_write_text
 from perception.core.jsonio import write_json
 from policies.data import TranslateFn, make_policy_datasets
 from policies.module import GraspPolicyModule
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from perception.core.calibration import Calibration
+    from perception.core.geometry import NetworkView
 
 __all__ = ["train_policy", "policy_config", "main"]
 
@@ -53,6 +60,10 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     kind = str((pcfg.get("view") or policy_default("view"))["kind"])
     if kind not in ("table", "camera"):
         raise ValueError(f"policy.view.kind must be 'table' or 'camera', got {kind!r}")
+    # A partial augment section is filled from conf/ (policies.data.augment_item).
+    if pcfg.get("augment") is not None:
+        if problems := section_problems(Augment, pcfg.augment, "policy.augment", partial=True):
+            raise ValueError("; ".join(problems))
     if pcfg.get("base"):
         from policies.base import check_base_fits, load_base
 
@@ -171,16 +182,8 @@ def train_policy(
         raise ValueError(f"no training frames in {list(dataset_dirs)}")
     train_loader, val_loader = _loaders(pcfg, train_ds, val_ds, extra_train, extra_fraction, int(seed))
     pcfg_dict = OmegaConf.to_container(pcfg, resolve=True)
-    module = GraspPolicyModule(
-        network={"angle_bins": angle_bins, **OmegaConf.to_container(pcfg.network, resolve=True)},
-        loss=OmegaConf.to_container(pcfg.loss, resolve=True),
-        optim={**OmegaConf.to_container(pcfg.optim, resolve=True), "max_steps": int(pcfg.max_steps),
-               "max_time_s": float(pcfg.max_time_s) if pcfg.get("max_time_s") else None},
-        view=view.to_dict(),
-        calibration=calib.to_dict(),
-        config={"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
-                "translator": None if translator is None else repr(translator)},
-    )
+    module = _module(pcfg, view, calib, {"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
+                                         "translator": None if translator is None else repr(translator)})
     from adaptation.train import resolve_ckpt_path
 
     resume = resolve_ckpt_path(None if ckpt_path is None else str(ckpt_path), out)
@@ -204,19 +207,40 @@ def train_policy(
         "device": str(module.device), "adapted": translator is not None, "base": base_info,
     })
     if export and trainer.is_global_zero:
-        from policies.export import export_artifact
-
         sample = next(iter(val_loader if val_loader is not None else train_loader))["image"][:2].numpy()
-        art = export_artifact(
-            module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample, geometry=geometry_export(pcfg),
-            training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
-                                              "n_val_frames", "adapted", "base")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
-        )
-        summary["artifact"] = str(art)
+        summary["artifact"] = str(_export(module, view, calib, pcfg, out, sample, summary, dataset_dirs))
     if trainer.is_global_zero:
         write_json(out / "train_summary.json", summary)
     tlog.finish()
     return summary
+
+
+def _module(pcfg: DictConfig, view: NetworkView, calib: Calibration, config: dict) -> GraspPolicyModule:
+    """The LightningModule: network, losses and optimiser from ``pcfg``; the view, camera and
+    ``config`` (the resolved run config) saved with its weights."""
+    return GraspPolicyModule(
+        network={"angle_bins": int(pcfg.angle_bins), **OmegaConf.to_container(pcfg.network, resolve=True)},
+        loss=OmegaConf.to_container(pcfg.loss, resolve=True),
+        optim={**OmegaConf.to_container(pcfg.optim, resolve=True), "max_steps": int(pcfg.max_steps),
+               "max_time_s": float(pcfg.max_time_s) if pcfg.get("max_time_s") else None},
+        view=view.to_dict(),
+        calibration=calib.to_dict(),
+        config=config,
+    )
+
+
+def _export(module: GraspPolicyModule, view: NetworkView, calib: Calibration, pcfg: DictConfig, out: Path,
+            sample: np.ndarray, summary: dict, dataset_dirs: Sequence[str | Path]) -> Path:
+    """``out/artifact``: the trained network (and the config's geometry network) as ONNX, with
+    the training's facts in its metadata."""
+    from policies.export import export_artifact
+
+    return export_artifact(
+        module.cpu(), view, calib, OmegaConf.to_container(pcfg, resolve=True), out / "artifact", sample_inputs=sample,
+        geometry=geometry_export(pcfg),
+        training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
+                                          "n_val_frames", "adapted", "base")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
+    )
 
 
 def _save(trainer: pl.Trainer, module: GraspPolicyModule, full: DictConfig, out: Path, facts: dict) -> dict:

@@ -43,6 +43,7 @@ import cv2
 import numpy as np
 import pybullet as p
 
+from conf.schema import BinWalls, CastShadow, SurfaceTextures, section_problems
 from perception.core.calibration import Calibration
 from perception.core.geometry import project_points
 from sim_render.camera import RENDERERS, render_camera
@@ -185,6 +186,9 @@ def validate_profile(cfg: Mapping) -> None:
     _check_distractors(cfg["distractors"], problems)
     for key in (*_PER_OBJECT, *_PER_SCENE):
         problems.range(cfg["physics"], key, "physics", 0.0)
+    for key, schema in (("surface_textures", SurfaceTextures), ("bin_walls", BinWalls)):
+        if cfg.get(key) is not None:
+            problems += section_problems(schema, cfg[key], key)
     if cfg.get("surface_textures") is not None:
         problems += validate_surface_textures(cfg["surface_textures"])
     walls = cfg.get("bin_walls")
@@ -209,6 +213,7 @@ def _check_lighting(light: Mapping, problems: _Problems) -> None:
             problems.range({channel: light["color"][i]}, channel, "lighting.color", 0.0)
     problems.prob(light, "shadow_prob", "lighting")
     if light.get("cast_shadow") is not None:
+        problems += section_problems(CastShadow, light["cast_shadow"], "lighting.cast_shadow")
         problems += validate_cast_shadow(light["cast_shadow"])
 
 

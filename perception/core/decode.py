@@ -205,17 +205,8 @@ def decode_grasp(
         (angle, pixel) at or above ``threshold`` maps inside the workspace.
         Non-finite map values never produce a grasp.
     """
-    q = np.asarray(quality)
-    wmap = np.asarray(width)
-    hmap = np.asarray(height)
-    if q.ndim != 3 or wmap.shape != q.shape[1:] or hmap.shape != q.shape[1:]:
-        raise ValueError(
-            f"maps must be quality (A, H, W), width and height (H, W); got {q.shape}, {wmap.shape}, {hmap.shape}"
-        )
+    q, wmap, hmap = _checked_maps(quality, width, height, view)
     A, H, W = q.shape
-    if (W, H) != tuple(view.size):
-        raise ValueError(f"maps are {W}x{H} but the view is {view.size[0]}x{view.size[1]}")
-
     q = _neighbourhood_worst(q, int(neighbourhood_px))
     rule_width = None
     if rule is not None:
@@ -268,6 +259,22 @@ def decode_grasp(
     opening = wmap[v, u] if rule_width is None else rule_width[a, v, u]
     # (the opening stays in the maps' float32 until it is clipped, as it always was)
     return _answer(u, v, a, A, float(z[k]), opening + float(width_margin), float(qbest[v, u]), calib, view, m)
+
+
+def _checked_maps(quality: np.ndarray, width: np.ndarray, height: np.ndarray,
+                  view: NetworkView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The maps as arrays, their shapes checked against each other and the view."""
+    q = np.asarray(quality)
+    wmap = np.asarray(width)
+    hmap = np.asarray(height)
+    if q.ndim != 3 or wmap.shape != q.shape[1:] or hmap.shape != q.shape[1:]:
+        raise ValueError(
+            f"maps must be quality (A, H, W), width and height (H, W); got {q.shape}, {wmap.shape}, {hmap.shape}"
+        )
+    _, H, W = q.shape
+    if (W, H) != tuple(view.size):
+        raise ValueError(f"maps are {W}x{H} but the view is {view.size[0]}x{view.size[1]}")
+    return q, wmap, hmap
 
 
 def _answer(u: int, v: int, a: int, A: int, z: float, opening: float, quality: float, calib: Calibration,

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from perception.core.artifact import PolicyRunner
 from policies.module import GraspPolicyModule
@@ -29,6 +30,22 @@ def test_config_composes_and_names_its_keys():
                 "max_time_s", "accelerator", "quality_threshold"):
         assert key in p, key
     assert cfg.translator is None and list(cfg.dataset_dirs) == []
+
+
+def test_the_policy_config_is_typed_by_the_schema():
+    from hydra.errors import ConfigCompositionException
+
+    from conf.schema import PolicyConfig
+
+    p = _cfg().policy
+    assert OmegaConf.get_type(p) is PolicyConfig and OmegaConf.missing_keys(p) == set()
+    for bad in ("policy.view.margin=wide", "policy.angle_bins=12.5", "policy.decode.widthmargin=0.05"):
+        with pytest.raises(ConfigCompositionException):
+            _cfg([bad])
+    # Nullable sections and Lightning's own types are kept as written: a count of batches stays an int.
+    p = _cfg(["policy.augment=null", "policy.decode.rule={support_px: 2}", "policy.limit_val_batches=2"]).policy
+    assert p.augment is None and p.decode.rule.support_px == 2 and p.limit_val_batches == 2
+    assert isinstance(p.limit_val_batches, int)
 
 
 def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_path):
@@ -57,8 +74,16 @@ def test_bad_view_and_rule_options_are_refused_before_training(rendered, tmp_pat
                                   "policy.decode.jaws_on_part=0.75"]))
     with pytest.raises(ValueError, match=r"sweep_depth must be in \[0, 0.05\] m"):
         check_policy_config(_cfg(["policy.decode.sweep_depth=0.2"]))
+    # The schema refuses a word where metres go when the config is composed; a config read from a
+    # file (not composed) still meets check_policy_config's own message.
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="sweep_depth"):
+        _cfg(["policy.decode.sweep_depth=deep"])
+    from_file = OmegaConf.to_container(_cfg().policy)
+    from_file["decode"]["sweep_depth"] = "deep"
     with pytest.raises(ValueError, match="sweep_depth must be a number of metres"):
-        check_policy_config(_cfg(["policy.decode.sweep_depth=deep"]))
+        check_policy_config(from_file)
     with pytest.raises(ValueError, match="sweep_depth and policy.decode.rule are exclusive"):
         check_policy_config(_cfg(["+policy.decode.rule={support_px: 1}", "policy.decode.fingers_clear=null",
                                   "policy.decode.jaws_on_part=null", "policy.decode.sweep_depth=0.02"]))
@@ -181,3 +206,13 @@ def test_the_old_resume_key_names_the_new_one(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2 and "ckpt_path=" in capsys.readouterr().err
+
+
+def test_a_switched_on_augment_section_is_typed_when_checked():
+    from policies.train import check_policy_config
+
+    check_policy_config(_cfg(["policy.augment={hflip: 0.0}"]))  # partial: the rest comes from conf/
+    with pytest.raises(ValueError, match="policy.augment.shift_px"):
+        check_policy_config(_cfg(["policy.augment={hflip: 0.5, shift_px: lots}"]))
+    with pytest.raises(ValueError, match="policy.augment.*flip"):
+        check_policy_config(_cfg(["policy.augment=null", "policy.augment={flip: 0.5}"]))  # switched off, then on

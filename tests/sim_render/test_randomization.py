@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pybullet as p
 import pytest
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from pybullet_utils.bullet_client import BulletClient
 
+from conf.schema import RenderProfile
 from perception.core.calibration import Calibration, default_calibration_path
 from perception.core.geometry import project_points
 from sim_render.api import compose_config, to_plain
@@ -93,6 +95,59 @@ def test_a_profile_file_states_only_what_differs_from_its_base(name):
 
 
 _ABSENT = object()
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_is_typed_by_the_schema_and_sets_every_key(name):
+    cfg = compose_config("render", [f"render={name}"]).render
+    assert OmegaConf.get_type(cfg) is RenderProfile
+    assert OmegaConf.missing_keys(cfg) == set()  # the YAML sets every key the schema names
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("render.grasps.n_random=many", "n_random"), ("render.physics.timestep=fast", "timestep"),
+     ("render.sensor.blur_prob=often", "blur_prob"), ("render.textures.table.kinds=5", "kinds"),
+     ("render.physcs.mass=[0.1,0.2]", "physcs")],
+)
+def test_the_schema_refuses_a_wrong_type_or_an_unknown_key_when_composing(override, key):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config("render", ["render=randomized", override])
+    assert key in f"{err.value} {err.value.__cause__}"
+
+
+def test_a_key_a_profile_forgets_is_reported_missing_not_filled_from_python():
+    schema = OmegaConf.structured(RenderProfile)
+    own = OmegaConf.load(CONF / "randomized.yaml")
+    own.pop("defaults")
+    del own.physics["timestep"]
+    assert "physics.timestep" in OmegaConf.missing_keys(OmegaConf.merge(schema, own))
+
+
+def test_a_section_switched_on_from_the_command_line_is_typed_by_validate_profile():
+    """A null section (target's bin_walls, cast_shadow) can be switched on with a mapping; its
+    dataclass then names an unknown key or a wrong type, its ranges are checked as ever."""
+    on = to_plain(compose_config("render", ["render=target", "render.bin_walls={height: [0.03, 0.06], thickness: [0.01, 0.01]}"]).render)
+    validate_profile(on)
+    for override, expected in [
+        ("render.bin_walls={height: [0.03, 0.06], thicknes: [0.01, 0.01]}", "bin_walls.thicknes"),
+        ("render.lighting.cast_shadow={prob: often, light_left: [0.1, 0.6], penumbra: [0.5, 3.0], resolution: 0.25, max_rise: 0.3}",
+         "lighting.cast_shadow.prob"),
+        ("render.bin_walls={height: [0.03, 0.09], thickness: [0.01, 0.01]}", "0.06 m"),
+    ]:
+        cfg = to_plain(compose_config("render", ["render=target", override]).render)
+        with pytest.raises(ValueError, match=expected):
+            validate_profile(cfg)
+
+
+def test_types_alone_check_no_ranges_validate_profile_does():
+    """A probability of 1.5 and a range [0.9, 0.1] have the right types: the schema lets them
+    through and validate_profile (which every renderer runs first) names both."""
+    cfg = to_plain(compose_config("render", ["render=randomized", "render.lighting.shadow_prob=1.5",
+                                             "render.sensor.gamma=[1.2,0.8]"]).render)
+    with pytest.raises(ValueError) as err:
+        validate_profile(cfg)
+    assert "lighting.shadow_prob" in str(err.value) and "sensor.gamma" in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["target", "target_b"])
