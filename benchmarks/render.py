@@ -29,6 +29,7 @@ import tempfile
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,13 +50,19 @@ def square_camera(calib: Calibration) -> Calibration:
     return calib.replace(image_size=(h, h), K=K).scaled((128, 128))
 
 
-def bench_frames(n: int) -> dict:
+def _settled_scene(scene: int) -> tuple[Calibration, Any, Any, Any]:
+    """The packaged camera, the randomized profile, and scene ``scene`` (seed 0) dropped and
+    settled: ``(calib, cfg, client, bodies)``."""
     calib = Calibration.load(default_calibration_path())
     cfg = render_config(tempfile.mkdtemp(), 1).render
     sr = SceneRenderer(calib, cfg, seed=0)
-    sr.build_scene(0)
+    sr.build_scene(scene)
     st = sr.world()
-    client, bodies = st.cell.client, st.cell.bodies
+    return calib, cfg, st.cell.client, st.cell.bodies
+
+
+def bench_frames(n: int) -> dict:
+    calib, cfg, client, bodies = _settled_scene(0)
     cam = square_camera(calib)
     plain = dict(as_plain(cfg))
     plain["resolution_scale"] = 1.0
@@ -97,12 +104,7 @@ def bench_new_randomization(n: int, rounds: int = 10) -> dict:
     against itself without traced cast shadows, at the pipeline's render size, interleaved in
     rounds of the same ``n`` seeded frames; the ratios are medians over the rounds (a burst of
     load on a shared machine then moves one round, not the answer)."""
-    calib = Calibration.load(default_calibration_path())
-    cfg = render_config(tempfile.mkdtemp(), 1).render
-    sr = SceneRenderer(calib, cfg, seed=0)
-    sr.build_scene(1)
-    st = sr.world()
-    client, bodies = st.cell.client, st.cell.bodies
+    calib, cfg, client, bodies = _settled_scene(1)
     on = dict(as_plain(cfg))
     off = _without_new_randomization(on)
     no_cast = _without_cast_shadows(on)
