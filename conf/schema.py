@@ -5,8 +5,10 @@
 is the one source of every value, its unit and its meaning; a schema says only what type
 each key holds, so that Hydra refuses, when it composes, a key that is not there (a typo in
 a file or on the command line) and a value of the wrong type
-(``render.grasps.n_random=many``, ``policy.view.margin=wide``). No field here has a
-default: a key the YAML forgets is reported as missing, not filled in from Python.
+(``render.grasps.n_random=many``, ``policy.view.margin=wide``). A key the YAML must set has
+no default here (``MISSING``): one it forgets is reported as missing, not filled in from
+Python. Only keys that may be null (a section switched off, an optional option) default to
+null.
 
 Types alone check no ranges. A render range ``[lo, hi]`` (or a scalar, the degenerate
 range, ``sim_render.sensor.draw_range``) is typed ``Any``, and every range and probability
@@ -135,7 +137,7 @@ class SurfaceTextures:
     bin: Prob = MISSING
     floor: Prob = MISSING
     objects: Prob = MISSING
-    held_out: list[str] = MISSING
+    held_out: list[str] | None = None  # optional where the reader is (sim_render/surfaces.py): none held out
     # An open set: each family's parameters are its generator's (sim_render/surfaces.py checks them).
     families: dict[str, Any] = MISSING
 

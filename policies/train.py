@@ -208,7 +208,7 @@ def train_policy(
     })
     if export and trainer.is_global_zero:
         sample = next(iter(val_loader if val_loader is not None else train_loader))["image"][:2].numpy()
-        summary["artifact"] = str(_export(module, view, calib, pcfg, out, sample, summary, dataset_dirs))
+        summary["artifact"] = str(_export(module, view, calib, pcfg_dict, out, sample, summary, dataset_dirs))
     if trainer.is_global_zero:
         write_json(out / "train_summary.json", summary)
     tlog.finish()
@@ -229,15 +229,15 @@ def _module(pcfg: DictConfig, view: NetworkView, calib: Calibration, config: dic
     )
 
 
-def _export(module: GraspPolicyModule, view: NetworkView, calib: Calibration, pcfg: DictConfig, out: Path,
+def _export(module: GraspPolicyModule, view: NetworkView, calib: Calibration, pcfg_dict: dict, out: Path,
             sample: np.ndarray, summary: dict, dataset_dirs: Sequence[str | Path]) -> Path:
     """``out/artifact``: the trained network (and the config's geometry network) as ONNX, with
     the training's facts in its metadata."""
     from policies.export import export_artifact
 
     return export_artifact(
-        module.cpu(), view, calib, OmegaConf.to_container(pcfg, resolve=True), out / "artifact", sample_inputs=sample,
-        geometry=geometry_export(pcfg),
+        module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample,
+        geometry=geometry_export(pcfg_dict),
         training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
                                           "n_val_frames", "adapted", "base")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
     )

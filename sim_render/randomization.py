@@ -186,13 +186,15 @@ def validate_profile(cfg: Mapping) -> None:
     _check_distractors(cfg["distractors"], problems)
     for key in (*_PER_OBJECT, *_PER_SCENE):
         problems.range(cfg["physics"], key, "physics", 0.0)
-    for key, schema in (("surface_textures", SurfaceTextures), ("bin_walls", BinWalls)):
-        if cfg.get(key) is not None:
-            problems += section_problems(schema, cfg[key], key)
-    if cfg.get("surface_textures") is not None:
-        problems += validate_surface_textures(cfg["surface_textures"])
+    # A switchable section's values are checked once its keys and types are right (one
+    # message each, and no value check meets a word where it reads a number).
+    textures = cfg.get("surface_textures")
+    if textures is not None:
+        problems += section_problems(SurfaceTextures, textures, "surface_textures") or validate_surface_textures(textures)
     walls = cfg.get("bin_walls")
-    if walls is not None:
+    wall_problems = [] if walls is None else section_problems(BinWalls, walls, "bin_walls")
+    problems += wall_problems
+    if walls is not None and not wall_problems:
         problems.range(walls, "height", "bin_walls", 1e-3)
         problems.range(walls, "thickness", "bin_walls", 1e-3)
         if "height" in walls and float(walls["height"][1]) > 0.06:
@@ -213,8 +215,8 @@ def _check_lighting(light: Mapping, problems: _Problems) -> None:
             problems.range({channel: light["color"][i]}, channel, "lighting.color", 0.0)
     problems.prob(light, "shadow_prob", "lighting")
     if light.get("cast_shadow") is not None:
-        problems += section_problems(CastShadow, light["cast_shadow"], "lighting.cast_shadow")
-        problems += validate_cast_shadow(light["cast_shadow"])
+        problems += (section_problems(CastShadow, light["cast_shadow"], "lighting.cast_shadow")
+                     or validate_cast_shadow(light["cast_shadow"]))
 
 
 def _check_textures(tex: Mapping, problems: _Problems) -> None:
