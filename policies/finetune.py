@@ -16,7 +16,8 @@ the last ``check_fraction`` of them is held out, with a guard band of ``guard_at
 left out of training before it (retries on one scene are near-duplicates and must not
 straddle the split). On the check block ``report.json`` compares the run's artifact and the
 new one: the predicted quality at each recorded grasp against its outcome (ROC AUC and a
-calibration curve), and how often each answers no grasp on those frames.
+calibration curve), and how often each answers no grasp on those frames, with the AUC's
+change and its interval (a block bootstrap: those few attempts resolve only a large change).
 
 Writes ``output_dir/artifact/`` (the format ``sim2real-serve`` loads), ``output_dir/report.json``
 and the training's folder ``output_dir/train/``.
@@ -45,7 +46,7 @@ from perception.core.jsonio import write_json
 from perception.core.recording import load_attempts, load_header
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
-           "finetune", "main"]
+           "auc_difference", "finetune", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +187,41 @@ def calibration_curve(scores: Sequence[float], labels: Sequence[bool], bins: int
     return out
 
 
-def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence[np.ndarray], calib: Calibration) -> dict:
+def auc_difference(before: Sequence[float], after: Sequence[float], labels: Sequence[bool],
+                   block_attempts: int, resamples: int, seed: int = 0) -> dict | None:
+    """``after``'s ROC AUC minus ``before``'s on the same attempts, with a 95% interval.
+
+    The interval comes from a moving-block bootstrap: both artifacts' scores are resampled
+    together, in runs of ``block_attempts`` consecutive attempts, because retries on one scene
+    are near-duplicates and resampling them one by one would make the interval too narrow.
+    A resample with one class only is drawn again (up to ``resamples`` more times). ``None``
+    when the attempts hold one class only."""
+    b, a = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    auc_b, auc_a = roc_auc(b, y), roc_auc(a, y)
+    if auc_b is None or auc_a is None:
+        return None
+    n, k = len(y), max(1, min(int(block_attempts), len(y)))
+    rng = np.random.default_rng(seed)
+    starts = np.arange(n - k + 1)
+    diffs: list[float] = []
+    for _ in range(2 * int(resamples)):
+        idx = (rng.choice(starts, size=-(-n // k))[:, None] + np.arange(k)[None, :]).ravel()[:n]
+        ab, aa = roc_auc(b[idx], y[idx]), roc_auc(a[idx], y[idx])
+        if ab is not None and aa is not None:
+            diffs.append(aa - ab)
+        if len(diffs) == int(resamples):
+            break
+    lo, hi = np.percentile(diffs, [2.5, 97.5]) if diffs else (None, None)
+    return {"difference": auc_a - auc_b, "interval": [float(lo), float(hi)] if diffs else None,
+            "resamples": len(diffs), "block_attempts": k}
+
+
+def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence[np.ndarray],
+                calib: Calibration) -> tuple[dict, list[float]]:
     """An artifact on the held-out attempts (``frames``: their raw frames): quality at each
-    recorded grasp against its outcome, and its own answers on those frames (null rate)."""
+    recorded grasp against its outcome, and its own answers on those frames (null rate).
+    Returns the summary and the quality at each attempt (for :func:`auc_difference`)."""
     from perception.core.artifact import PolicyRunner
     from perception.core.decode import decode_grasp
 
@@ -205,7 +238,7 @@ def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence
     n = len(attempts)
     return {"attempts": n, "successes": int(sum(labels)), "auc": roc_auc(scores, labels),
             "calibration": calibration_curve(scores, labels), "null_rate": nulls / n if n else None,
-            "mean_quality": float(np.mean(scores)) if n else None}
+            "mean_quality": float(np.mean(scores)) if n else None}, scores
 
 
 def finetune(cfg: DictConfig) -> dict:
@@ -230,6 +263,11 @@ def finetune(cfg: DictConfig) -> dict:
         config_number(f, key, float, lo=lo, hi=1)
     config_number(f, "guard_attempts", int, lo=0)
     config_number(f, "max_time_s", float, lo=0, lo_open=True)
+    for key in ("block_attempts", "resamples"):
+        try:
+            config_number(f.auc_interval, key, int, lo=1)
+        except ValueError as exc:
+            raise ValueError(f"finetune.auc_interval.{exc}") from None
     try:
         run = json.loads((run_dir / "report.json").read_text())
         missing = [k for k in ("calibration", "artifact", "policy") if k not in run]
@@ -272,15 +310,17 @@ def finetune(cfg: DictConfig) -> dict:
     artifact = replace_tree(summary["artifact"], out / "artifact")
     int8 = _int8_like_the_run(run, artifact, calib)
     check_frames = [_read_frame(a) for a in check_att]  # read once for both artifacts
-    before = check_block(run["artifact"], check_att, check_frames, calib)
-    after = check_block(artifact, check_att, check_frames, calib)
+    before, before_q = check_block(run["artifact"], check_att, check_frames, calib)
+    after, after_q = check_block(artifact, check_att, check_frames, calib)
+    auc_change = auc_difference(before_q, after_q, [bool(a["outcome"]["success"]) for a in check_att],
+                                int(f.auc_interval.block_attempts), int(f.auc_interval.resamples), int(cfg.seed))
     report = {
         "run_dir": str(run_dir), "recordings": [str(r) for r in cfg.recordings], "artifact": str(artifact),
         "budget": str(cfg.budget.name), "seed": int(cfg.seed), "calibration": run["calibration"],
         "attempts": {"with_outcome": len(attempts), "successes": int(sum(a["outcome"]["success"] for a in attempts)),
                      "train": len(train_att), "check": len(check_att),
                      "held_out": bool(set(train_idx.tolist()).isdisjoint(check_idx.tolist()))},
-        "check": {"before": before, "after": after},
+        "check": {"before": before, "after": after, "auc_difference": auc_change},
         "int8": int8,
         "training": {k: summary[k] for k in ("global_step", "train_time_s", "n_train_frames", "metrics")},
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -333,9 +373,15 @@ def _rebased(run: dict, run_dir: Path) -> dict:
 def _summary(report: dict) -> str:
     from policies.pipeline.report import format_number as fmt
 
-    b, a = report["check"]["before"], report["check"]["after"]
+    b, a, d = report["check"]["before"], report["check"]["after"], report["check"]["auc_difference"]
+    change = ""
+    if d and d["interval"]:
+        lo, hi = d["interval"]
+        verdict = "better" if lo > 0 else "worse" if hi < 0 else "no difference the check block can resolve"
+        change = f" ({d['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]: {verdict})"
     return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "
-            f"AUC {fmt(b['auc'])} -> {fmt(a['auc'])}, null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])}; "
+            f"AUC {fmt(b['auc'])} -> {fmt(a['auc'])}{change}, "
+            f"null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])}; "
             f"artifact {report['artifact']} ({report['wall_s']:.0f} s)")
 
 

@@ -299,6 +299,8 @@ def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_p
         chk = report["check"][side]
         assert chk["attempts"] == report["attempts"]["check"] and 0.0 <= chk["null_rate"] <= 1.0
         assert sum(b["attempts"] for b in chk["calibration"]) == chk["attempts"]
+    change = report["check"]["auc_difference"]  # None when the check block holds one class only
+    assert change is None or change["interval"][0] <= change["difference"] <= change["interval"][1]
     assert report["training"]["global_step"] > 0 and wall < 300
     # int8 graphs like the run's, from the run's real frames.
     assert report["int8"]["frames"] >= 1 and (ft / "artifact" / "policy.int8.onnx").is_file()

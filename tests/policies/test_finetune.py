@@ -15,6 +15,7 @@ from perception.core.testing import make_test_frame
 from policies.finetune import (
     FinetuneError,
     RealAttempts,
+    auc_difference,
     calibration_curve,
     load_labelled_attempts,
     roc_auc,
@@ -63,6 +64,26 @@ def test_auc_and_calibration_curve():
     curve = calibration_curve([0.05, 0.15, 0.95, 0.9], [False, False, True, False], bins=5)
     assert [b["attempts"] for b in curve] == [2, 0, 0, 0, 2] and curve[4]["success_rate"] == 0.5
     assert curve[1]["mean_quality"] is None
+
+
+def test_the_auc_change_comes_with_an_interval_that_respects_near_duplicate_retries():
+    rng = np.random.default_rng(1)
+    labels = rng.random(60) < 0.3
+    labels[:2] = [True, False]
+    noise = rng.random(60)
+    same = auc_difference(noise, noise, labels, block_attempts=5, resamples=500)
+    assert same["difference"] == 0.0 and same["interval"] == [0.0, 0.0] and same["resamples"] == 500
+    ranked = auc_difference(noise, labels + 0.1 * noise, labels, block_attempts=5, resamples=500)
+    assert ranked["difference"] > 0.3 and ranked["interval"][0] > 0  # a large change is resolved
+    slight = auc_difference(noise, noise + 0.3 * labels * rng.random(60), labels, block_attempts=5, resamples=500)
+    assert slight["interval"][0] < slight["difference"] < slight["interval"][1]
+    # Each retry repeated five times over: resampled one by one, the copies would look like
+    # independent evidence; resampled in runs of five, the interval stays as wide as before.
+    rep = np.repeat(np.arange(12), 5)
+    one = auc_difference(noise[rep], (noise + 0.3 * labels)[rep], labels[rep], block_attempts=1, resamples=500)
+    five = auc_difference(noise[rep], (noise + 0.3 * labels)[rep], labels[rep], block_attempts=5, resamples=500)
+    assert np.diff(five["interval"])[0] > 1.5 * np.diff(one["interval"])[0]
+    assert auc_difference([0.2, 0.4], [0.3, 0.1], [True, True], 5, 100) is None  # one class: no AUC
 
 
 def test_recordings_without_outcomes_or_from_another_camera_are_refused(tmp_path, calib):
