@@ -76,6 +76,7 @@ class RefineSettings:
     restarts: int
     max_shift_m: float
     max_rotation_deg: float
+    prior_weight: float
 
     @classmethod
     def from_config(cls, fit: Any) -> RefineSettings:
@@ -91,6 +92,8 @@ class RefineSettings:
             raise RefineError("fit.thickness_range must be [min, max] with 0 <= min <= max")
         if st.max_frames < 1 or st.samples_per_edge < 8 or not st.scales_px:
             raise RefineError("fit.max_frames >= 1, fit.samples_per_edge >= 8 and one fit.scales_px at least")
+        if not st.prior_weight >= 0:
+            raise RefineError("fit.prior_weight must be >= 0 (0: no prior on the correction)")
         return st
 
     @classmethod
@@ -477,6 +480,21 @@ def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
     return starts
 
 
+def _prior(z: np.ndarray, st: RefineSettings) -> float:
+    """The search's prior on the correction: ``prior_weight`` times the squared shift and
+    turn in units of the largest correction the command accepts.
+
+    A wall about 1 cm thick has its top's inner and outer edges a few pixels apart, and the
+    camera can turn and move at once along a ridge where the image barely changes: there
+    the search can lock the inner edge onto the outer one some 3 cm and 2 degrees away,
+    where the edges fit almost as well. A calibration is off by millimetres, so the search
+    leans towards small corrections; the least-squares step after it and the choice between
+    fits have no prior, so a correction the edges do support is not shrunk.
+    """
+    return st.prior_weight * ((float(np.linalg.norm(z[3:6])) / st.max_shift_m) ** 2
+                              + (math.degrees(float(np.linalg.norm(z[:3]))) / st.max_rotation_deg) ** 2)
+
+
 def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, sharp: np.ndarray,
               calib: Calibration, T0: np.ndarray, st: RefineSettings) -> np.ndarray:
     """One start through less and less smoothed evidence (``fine``: inner edges,
@@ -488,7 +506,8 @@ def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, shar
     y, steps = start, np.array([math.radians(0.2)] * 3 + [0.004] * 3 + [0.004, 0.004])
     for obj in fine:
         for _restart in range(st.restarts):  # a fresh simplex escapes one that collapsed on a ridge
-            y, _val = _nelder_mead(lambda z, obj=obj: obj(perturb(T0, z[:6]), z[6], z[7]), y, steps, lo, hi)
+            y, _val = _nelder_mead(lambda z, obj=obj: obj(perturb(T0, z[:6]), z[6], z[7]) - _prior(z, st),
+                                   y, steps, lo, hi)
         steps = steps * 0.5
     if t_hi > 0:
         T = perturb(T0, y[:6])

@@ -97,3 +97,5 @@ def test_settings_come_from_the_config_and_are_checked():
         RefineSettings.defaults(typo=1)
     with pytest.raises(RefineError, match="thickness_range"):
         RefineSettings.defaults(thickness_range=[0.02, 0.01])
+    with pytest.raises(RefineError, match="prior_weight"):
+        RefineSettings.defaults(prior_weight=-0.1)
