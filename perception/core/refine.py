@@ -15,12 +15,12 @@ correspondence is needed, which is what a cluttered, textured bin would make fra
 
 The fit (:func:`refine_pose`): starts at the calibration itself and at the best peaks of
 a coarse table over the two rotations that move the whole image; from each, Nelder-Mead
-on less and less smoothed evidence (inner edges), the thickness from the outer edges,
-then Gauss-Newton on every sample point's distance to its edge; the fit that lays the
-most edge strength on its lines wins. Measured in the twin: ``docs/benchmarks.md``,
-"Camera refinement" (thin walls, about 1 cm or less, are where it fails; most such fits
-are refused by the 2 cm / 2 degree rule). Units: metres and radians in the API,
-millimetres and degrees in reports.
+on less and less smoothed evidence (inner edges, with a prior towards a small correction),
+the thickness from the outer edges, then Gauss-Newton on every sample point's distance to
+its edge; the fit that lays the most edge strength on its lines wins. Measured in the twin:
+``docs/benchmarks.md``, "Camera refinement" (12 of 16 cells recovered; a wall a few
+millimetres thick, and tall walls just over the tolerance, are where it fails). Units:
+metres and radians in the API, millimetres and degrees in reports.
 """
 
 from __future__ import annotations

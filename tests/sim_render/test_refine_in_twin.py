@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.refine import perturb, pose_change
+from perception.core.imageio import read_image
+from perception.core.refine import RefineError, RefineSettings, perturb, pose_change, refine_pose
 from perception.robot.calibrate import main
 from sim_render.api import render_cell_frames
 
@@ -56,3 +57,25 @@ def test_refine_recovers_an_injected_camera_error(cell, tmp_path, capsys):
     assert 3.0 < report["correction_mm"] < 6.0
     assert (tmp_path / "refined.png").stat().st_size > 10_000
     assert "corrected by" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_search_prior_keeps_a_thin_wall_from_sliding_to_its_outer_edge(tmp_path):
+    """A wall 14 mm thick, 25 mm high (``benchmarks/refine.py --seed 1``, cell 2): without the
+    prior the search locks the top's inner line onto the outer edge and the pose slides some
+    4 cm, which the command refuses; with it (the default) the camera is recovered."""
+    true = Calibration.load(default_calibration_path())
+    rng = np.random.default_rng(1)
+    for _cell in range(3):  # the benchmark's draws up to its cell 2
+        height, thickness = float(rng.uniform(0.02, 0.06)), float(rng.uniform(0.003, 0.03))
+        d1, d2 = rng.normal(size=3), rng.normal(size=3)
+    x = np.r_[d1 / np.linalg.norm(d1) * math.radians(0.3), d2 / np.linalg.norm(d2) * 0.004]
+    off = true.replace(T_base_camera=perturb(true.T_base_camera, x))
+    folder = render_cell_frames(tmp_path, true, 10, height, thickness, seed=1002)
+    frames = [read_image(p) for p in sorted(folder.glob("*.png"))]
+    res = refine_pose(frames, off)
+    shift, angle = pose_change(true.T_base_camera, res.T_base_camera)
+    assert shift <= 0.0015 and angle <= 0.1, (shift, angle)
+    assert abs(res.wall_thickness - thickness) < 0.002
+    with pytest.raises(RefineError, match="away from the calibration"):
+        refine_pose(frames, off, RefineSettings.defaults(prior_weight=0.0))
