@@ -45,9 +45,12 @@ def main() -> int:
     variants = {"defaults": RefineSettings.defaults()}
     for change in args.also:
         key, _, value = change.partition("=")
+        kind = type(getattr(variants["defaults"], key, None))
+        if kind not in (int, float):
+            ap.error(f"--also {change}: not a one-number fit setting (conf/calibrate_refine.yaml)")
         try:
-            variants[change] = RefineSettings.defaults(**{key: float(value)})
-        except (TypeError, ValueError, RefineError) as exc:
+            variants[change] = RefineSettings.defaults(**{key: kind(value)})
+        except (ValueError, RefineError) as exc:
             ap.error(f"--also {change}: {exc}")
     true = Calibration.load(default_calibration_path())
     rng = np.random.default_rng(args.seed)

@@ -43,6 +43,7 @@ class Int8Error(RuntimeError):
 
 
 def _quantize(src: Path, dst: Path, inputs: list[np.ndarray], input_name: str) -> None:
+    import onnxruntime as ort
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -61,18 +62,12 @@ def _quantize(src: Path, dst: Path, inputs: list[np.ndarray], input_name: str) -
             # onnxruntime before 1.31: its symbolic shape inference fails on the exported
             # graphs' Concat (found on a GPU machine's onnxruntime 1.30); ONNX's own shape
             # inference does the job for these static-shape graphs.
-            log.info("onnxruntime %s: symbolic shape inference failed on %s, using ONNX's", _ort_version(), src.name)
+            log.info("onnxruntime %s: symbolic shape inference failed on %s, using ONNX's", ort.__version__, src.name)
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         part = Path(tmp) / dst.name
         quantize_static(str(pre), str(part), Frames(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         part.replace(dst)
-
-
-def _ort_version() -> str:
-    import onnxruntime as ort
-
-    return str(ort.__version__)
 
 
 def _difference(float_path: Path, int8_path: Path, inputs: list[np.ndarray], input_name: str) -> tuple[dict, dict]:

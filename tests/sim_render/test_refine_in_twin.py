@@ -68,8 +68,8 @@ def test_the_search_prior_keeps_a_thin_wall_from_sliding_to_its_outer_edge(tmp_p
     rng = np.random.default_rng(1)
     for _cell in range(3):  # the benchmark's draws up to its cell 2
         height, thickness = float(rng.uniform(0.02, 0.06)), float(rng.uniform(0.003, 0.03))
-        d1, d2 = rng.normal(size=3), rng.normal(size=3)
-    x = np.r_[d1 / np.linalg.norm(d1) * math.radians(0.3), d2 / np.linalg.norm(d2) * 0.004]
+        turn, move = _unit(rng), _unit(rng)
+    x = np.r_[turn * math.radians(0.3), move * 0.004]
     off = true.replace(T_base_camera=perturb(true.T_base_camera, x))
     folder = render_cell_frames(tmp_path, true, 10, height, thickness, seed=1002)
     frames = [read_image(p) for p in sorted(folder.glob("*.png"))]
