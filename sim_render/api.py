@@ -97,7 +97,7 @@ def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple
 
 def render_cell_frames(
     out_dir: str | Path, calib: Any, n: int, wall_height: float, wall_thickness: float, seed: int = 0,
-    profile: str = "target",
+    profile: str = "target", natural_surfaces: bool = False,
 ) -> Path:
     """``n`` frames of one cell exactly as ``calib``'s camera sees it, as ``*.png`` in ``out_dir``.
 
@@ -105,6 +105,12 @@ def render_cell_frames(
     the camera at the calibration with no jitter, the walls of one height and thickness,
     the objects changing from frame to frame. What ``sim2real-calibrate refine`` is
     tested and measured on (an error injected into the calibration it is handed).
+
+    ``natural_surfaces``: the harder cell of ``benchmarks/refine.py``: table and bin
+    covered with ``randomized``'s natural-image textures (their own straight and curved
+    edges compete with the walls'), its traced cast shadows, and one look for every
+    frame (the lamp, the textures, the sensor's draw), as a real cell keeps them; only
+    the objects, and so their shadows, change between frames.
     """
     from perception.core.imageio import write_image
     from sim_render.scene import SceneRenderer
@@ -113,14 +119,32 @@ def render_cell_frames(
     cfg.update(resolution_scale=1.0, frames_per_scene=1, empty_scene_prob=0.0,
                bin_walls={"height": [wall_height, wall_height], "thickness": [wall_thickness, wall_thickness]})
     cfg["camera"] = {k: 0.0 for k in cfg["camera"]}
+    if natural_surfaces:
+        randomized = to_plain(compose_config("render", ["render=randomized"]).render)
+        cfg["surface_textures"] = {**randomized["surface_textures"], "table": {"prob": 1.0}, "bin": {"prob": 1.0}}
+        cfg["lighting"]["cast_shadow"] = randomized["lighting"]["cast_shadow"]
+        for surface in ("table", "bin"):  # the textures' palettes come from these
+            cfg["colors"][surface] = randomized["colors"][surface]
+        # The look's draws follow the object count (one per object first): a fixed count
+        # keeps the surfaces' draws the same in every frame.
+        count = int(np.random.default_rng([seed, 2]).integers(2, 5))
+        cfg["objects_per_scene"] = [count, count]
     renderer = SceneRenderer(calib, cfg, seed=seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    written, scene = 0, 0
     try:
-        for scene in range(n):
+        while written < n:
+            if scene >= 4 * n:
+                raise RuntimeError(f"render_cell_frames: {written} of {n} frames after {scene} scenes")
             rngs, _params = renderer.build_scene(scene)
-            frame = renderer.render_frame(rngs["visuals"])
-            write_image(out / f"{scene:03d}.png", frame.rgb)
+            scene += 1
+            if natural_surfaces and len(renderer.world().cell.bodies.objects) != cfg["objects_per_scene"][0]:
+                continue  # a part fell out of the bin: the look's draws would shift
+            look = np.random.default_rng([seed, 1]) if natural_surfaces else rngs["visuals"]
+            frame = renderer.render_frame(look)
+            write_image(out / f"{written:03d}.png", frame.rgb)
+            written += 1
     finally:
         renderer.close()
     return out

@@ -40,7 +40,7 @@ from perception.core.calibration import Calibration
 from perception.core.frames import rotation_angle
 
 __all__ = [
-    "RefineError", "RefineSettings", "RefineResult", "edge_evidence", "wall_lines", "refine_pose", "pose_change",
+    "RefineError", "RefineSettings", "AcceptSettings", "RefineResult", "decide", "edge_evidence", "wall_lines", "refine_pose", "pose_change",
     "undistorted_median", "draw_fit",
 ]
 
@@ -99,33 +99,84 @@ class RefineSettings:
     @classmethod
     def defaults(cls, **changes: Any) -> RefineSettings:
         """The packaged ``conf/calibrate_refine.yaml`` settings, with ``changes``."""
-        from omegaconf import OmegaConf
+        return cls.from_config({**_packaged("fit"), **changes})
 
-        path = Path(str(resources.files("conf") / "calibrate_refine.yaml"))
-        fit = OmegaConf.to_container(OmegaConf.load(path).fit, resolve=True)
-        return cls.from_config({**fit, **changes})
+
+def _packaged(block: str) -> dict:
+    """One block of the packaged ``conf/calibrate_refine.yaml`` (the one source of the defaults)."""
+    from omegaconf import OmegaConf
+
+    path = Path(str(resources.files("conf") / "calibrate_refine.yaml"))
+    return OmegaConf.to_container(OmegaConf.load(path)[block], resolve=True)
+
+
+@dataclass(frozen=True)
+class AcceptSettings:
+    """When a fit replaces the calibration: the ``accept`` block of ``conf/calibrate_refine.yaml``."""
+
+    same_pose_mm: float
+    same_pose_deg: float
+    min_correction_mm: float
+    min_correction_deg: float
+    max_rival_share: float
+    max_halves_mm: float
+    max_halves_deg: float
+    min_gain: float
+
+    @classmethod
+    def from_config(cls, block: Any) -> AcceptSettings:
+        """From the config's ``accept`` block (a mapping); unknown or missing keys are refused."""
+        block = dict(block)
+        names = {f.name for f in fields(cls)}
+        if set(block) != names:
+            raise RefineError(f"accept settings: unknown {sorted(set(block) - names)}, "
+                              f"missing {sorted(names - set(block))}")
+        bad = [k for k, v in block.items() if not (isinstance(v, (int, float)) and v >= 0)]
+        if bad:
+            raise RefineError(f"accept settings must be numbers >= 0: {bad}")
+        return cls(**{k: float(v) for k, v in block.items()})
+
+    @classmethod
+    def defaults(cls, **changes: Any) -> AcceptSettings:
+        """The packaged ``conf/calibrate_refine.yaml`` settings, with ``changes``."""
+        return cls.from_config({**_packaged("accept"), **changes})
 
 
 @dataclass
 class RefineResult:
-    T_base_camera: np.ndarray
+    T_base_camera: np.ndarray            # the fit (written only when accepted)
     wall_height: float
     wall_thickness: float
     contrast: float                      # edge strength on the fitted edges over the image's typical
     contrast_before: float
-    shift_m: float                       # how far the camera centre moved
-    rotation_deg: float                  # how far the camera turned
+    shift_m: float                       # how far the fit moves the camera centre
+    rotation_deg: float                  # how far the fit turns the camera
     edges_used: list[str] = field(default_factory=list)
+    T_given: np.ndarray | None = None    # the calibration's pose
+    accepted: bool = True                # whether the fit replaces it (:func:`decide`)
+    reason: str = ""
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def written_pose(self) -> np.ndarray:
+        """The pose to write: the fit when accepted, the calibration's as given otherwise."""
+        return self.T_base_camera if self.accepted or self.T_given is None else self.T_given
 
     def report(self) -> dict:
         return {
-            "correction_mm": round(self.shift_m * 1e3, 3),
-            "correction_deg": round(self.rotation_deg, 4),
+            "written": "refined" if self.accepted else "as given",
+            "reason": self.reason,
+            "correction_mm": round(self.shift_m * 1e3, 3) if self.accepted else 0.0,
+            "correction_deg": round(self.rotation_deg, 4) if self.accepted else 0.0,
+            "fit_correction_mm": round(self.shift_m * 1e3, 3),
+            "fit_correction_deg": round(self.rotation_deg, 4),
+            "fit_T_base_camera": np.round(self.T_base_camera, 9).tolist(),  # the fit, written or not
             "wall_height_m": round(self.wall_height, 4),
             "wall_thickness_m": round(self.wall_thickness, 4),
             "edge_contrast": round(self.contrast, 3),
             "edge_contrast_before": round(self.contrast_before, 3),
             "edges": self.edges_used,
+            "evidence": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.evidence.items()},
         }
 
 
@@ -395,49 +446,80 @@ def _edge_offsets(evidence: np.ndarray, calib: Calibration, T: np.ndarray, heigh
     return lines, (np.concatenate(offsets) if offsets else np.zeros(0))
 
 
+def _normal_equations(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.ndarray,
+                      st: RefineSettings) -> tuple[np.ndarray, np.ndarray, float, int] | None:
+    """Gauss-Newton's weighted normal equations ``(A, b)`` at ``x``, the residuals' robust
+    scale (px) and how many lines they come from; None with under 20 edges found.
+
+    The residual is each sample point's offset to its edge (Huber weights); moving the
+    model by dx changes it by -J dx.
+    """
+    eps = 1e-5
+    T = perturb(T0, x[:6])
+    lines, off = _edge_offsets(evidence, calib, T, x[6], x[7], st)
+    good = np.isfinite(off)
+    if good.sum() < 20:
+        return None
+    J = np.zeros((len(off), 8))
+    for i in range(8):
+        y = x.copy()
+        y[i] += eps
+        Ty = perturb(T0, y[:6])
+        col = []
+        for (name, pts, uv, n) in lines:
+            moved = _moved_points(name, pts, x, y, calib)
+            col.append((_project(Ty, calib.K, moved) - uv) @ n / eps)
+        J[:, i] = np.concatenate(col)
+    r, Jg = off[good], J[good]
+    scale = 1.4826 * np.median(np.abs(r - np.median(r))) + 1e-3
+    wgt = np.minimum(1.0, 1.5 * scale / (np.abs(r) + 1e-12))  # Huber
+    # A whole line off by a pixel is a model fault (a face seen nearly edge-on, a
+    # shadow along an edge), not noise: such a line weighs less, by its median offset.
+    line_of = np.concatenate([np.full(len(line[1]), k) for k, line in enumerate(lines)])[good]
+    for k in range(len(lines)):
+        on = line_of == k
+        if on.any():
+            wgt[on] /= 1.0 + (np.median(r[on]) / st.line_bias_px) ** 2
+    A = Jg.T @ (Jg * wgt[:, None])
+    A += np.eye(8) * 1e-9 * np.trace(A)  # the thickness is unseen when no outer face shows
+    return A, Jg.T @ (wgt * r), float(scale), len(np.unique(line_of))
+
+
 def _least_squares(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.ndarray, lo: np.ndarray,
                    hi: np.ndarray, st: RefineSettings) -> np.ndarray:
     """Gauss-Newton on the sample points' distances to their edges (Huber weights).
 
-    The mean-strength score is flat near its top; the distances are not. (No uncertainty
-    is reported from their spread: the lines' own biases, a few tenths of a pixel each,
-    dominate it and are not independent across a line's points.)
+    The mean-strength score is flat near its top; the distances are not.
     """
-    eps = 1e-5
     for _it in range(st.gauss_newton_iters):
-        T = perturb(T0, x[:6])
-        lines, off = _edge_offsets(evidence, calib, T, x[6], x[7], st)
-        good = np.isfinite(off)
-        if good.sum() < 20:
+        eq = _normal_equations(evidence, calib, T0, x, st)
+        if eq is None:
             break
-        # The residual is the edge's offset: moving the model by dx changes it by -J dx.
-        J = np.zeros((len(off), 8))
-        for i in range(8):
-            y = x.copy()
-            y[i] += eps
-            Ty = perturb(T0, y[:6])
-            col = []
-            for (name, pts, uv, n) in lines:
-                moved = _moved_points(name, pts, x, y, calib)
-                col.append((_project(Ty, calib.K, moved) - uv) @ n / eps)
-            J[:, i] = np.concatenate(col)
-        r, Jg = off[good], J[good]
-        scale = 1.4826 * np.median(np.abs(r - np.median(r))) + 1e-3
-        wgt = np.minimum(1.0, 1.5 * scale / (np.abs(r) + 1e-12))  # Huber
-        # A whole line off by a pixel is a model fault (a face seen nearly edge-on, a
-        # shadow along an edge), not noise: such a line weighs less, by its median offset.
-        line_of = np.concatenate([np.full(len(line[1]), k) for k, line in enumerate(lines)])[good]
-        for k in range(len(lines)):
-            on = line_of == k
-            if on.any():
-                wgt[on] /= 1.0 + (np.median(r[on]) / st.line_bias_px) ** 2
-        A = Jg.T @ (Jg * wgt[:, None])
-        A += np.eye(8) * 1e-9 * np.trace(A)  # the thickness is unseen when no outer face shows
-        dx = np.linalg.solve(A, Jg.T @ (wgt * r))
+        A, b, _scale, _lines = eq
+        dx = np.linalg.solve(A, b)
         x = np.clip(x + dx, lo, hi)
         if np.all(np.abs(dx) < 1e-6):
             break
     return x
+
+
+def _pose_sigma(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.ndarray,
+                st: RefineSettings) -> tuple[float, float]:
+    """The fit's 1-sigma uncertainty along its weakest direction: (camera centre, m; turn, deg).
+
+    A line's points are not independent (its own bias, a few tenths of a pixel, moves
+    them together), so the covariance counts each line as one measurement: the
+    points' covariance scaled by points per line. The weakest direction is the ridge
+    along which a camera turns and moves at once with little change in the image.
+    """
+    eq = _normal_equations(evidence, calib, T0, x, st)
+    if eq is None:
+        return math.inf, math.inf
+    A, _b, scale, n_lines = eq
+    cov = np.linalg.pinv(A[:6, :6]) * scale ** 2 * st.samples_per_edge
+    shift = math.sqrt(max(float(np.linalg.eigvalsh(cov[3:, 3:]).max()), 0.0))
+    turn = math.degrees(math.sqrt(max(float(np.linalg.eigvalsh(cov[:3, :3]).max()), 0.0)))
+    return shift, turn
 
 
 def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, calib: Calibration) -> np.ndarray:
@@ -518,18 +600,23 @@ def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, shar
     return _least_squares(sharp, calib, T0, y, lo, hi, st)
 
 
-def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSettings | None = None) -> RefineResult:
-    """Fit ``T_base_camera``, the wall height and thickness to the walls seen in ``frames``.
+def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSettings | None = None,
+                accept: AcceptSettings | None = None) -> RefineResult:
+    """Fit ``T_base_camera``, the wall height and thickness to the walls seen in ``frames``,
+    and judge whether the fit is strong enough to replace the calibration (:func:`decide`).
 
     Every start is fitted to the end; the fit that explains the most edge (summed over
-    every line, so none wins by leaving lines out) is the answer.
+    every line, so none wins by leaving lines out) is the answer. Besides it, the fit
+    records what :func:`decide` weighs (:attr:`RefineResult.evidence`): how much more edge
+    it explains than the calibration, whether a distant fit explains almost as much, the
+    fit's uncertainty along its weakest direction, and how far fits on the two halves of
+    the frames land from each other.
 
     Raises:
-        RefineError: no walls found (their edges no stronger than ``min_contrast`` times
-            the image's typical edge), or a correction beyond ``max_shift_m`` /
-            ``max_rotation_deg``.
+        RefineError: no frames.
     """
     st = settings or RefineSettings.defaults()
+    acc = accept or AcceptSettings.defaults()
     if not frames:
         raise RefineError("no frames to refine from")
     T0 = calib.T_base_camera.copy()
@@ -544,24 +631,96 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
     for k, start in enumerate(starts):  # about 3-5 s each on one core (the progress a user sees)
         fits.append(_fit_from(start, fine, outer, blurred[-1], calib, T0, st))
         log.info("fit %d/%d done (%.0f s)", k + 1, len(starts), time.monotonic() - t0)
-    x = max(fits, key=lambda y: explained(perturb(T0, y[:6]), y[6], y[7]))
+    scores = [explained(perturb(T0, y[:6]), y[6], y[7]) for y in fits]
+    best = int(np.argmax(scores))
+    x = fits[best]
     final = _Objective(evidence, calib, st, st.samples_per_edge)
     T = perturb(T0, x[:6])
     contrast, names = final(T, float(x[6]), float(x[7]), detail=True)
     before = final(T0, float(x[6]), float(x[7]))
     shift, angle = pose_change(T0, T)
-    if contrast < st.min_contrast:
-        raise RefineError(
-            f"no bin walls found: the best fit's edges are {contrast:.2f}x the image's typical edge "
-            f"(at least {st.min_contrast} needed); are the bin's walls in view and the workspace right?"
-        )
-    if shift > st.max_shift_m or angle > st.max_rotation_deg:
-        raise RefineError(
-            f"the walls fit {shift * 1e3:.1f} mm / {angle:.2f} deg away from the calibration, beyond "
-            f"{st.max_shift_m * 1e3:.0f} mm / {st.max_rotation_deg:.0f} deg: recalibrate (sim2real-calibrate "
-            "handeye) rather than refine"
-        )
-    return RefineResult(T, float(x[6]), float(x[7]), float(contrast), float(before), shift, angle, names)
+    record = _evidence(frames, calib, st, acc, T0, fits, scores, best, explained(T0, x[6], x[7]))
+    record.update(contrast=float(contrast), contrast_before=float(before), correction_mm=shift * 1e3,
+                  correction_deg=angle)
+    accepted, reason = decide(record, st, acc)
+    return RefineResult(T, float(x[6]), float(x[7]), float(contrast), float(before), shift, angle, names,
+                        T_given=T0, accepted=accepted, reason=reason, evidence=record)
+
+
+def _evidence(frames: list[np.ndarray], calib: Calibration, st: RefineSettings, acc: AcceptSettings,
+              T0: np.ndarray, fits: list[np.ndarray], scores: list[float], best: int,
+              explained_given: float) -> dict:
+    """What :func:`decide` weighs, as plain numbers (units in the keys; a report keeps them)."""
+    x = fits[best]
+    T = perturb(T0, x[:6])
+    # A distant fit that explains almost as much edge: the walls allow two poses.
+    rivals = [s for y, s in zip(fits, scores)
+              if _apart(pose_change(perturb(T0, y[:6]), T), acc)]
+    agree = sum(not _apart(pose_change(perturb(T0, y[:6]), T), acc) for y in fits)
+    sharp = _smoothed(edge_evidence(frames, calib, st.clip_percentile), st.scales_px[-1])
+    sigma_m, sigma_deg = _pose_sigma(sharp, calib, T0, x, st)
+    # The same last step on each half of the frames, from the answer: how far noise moves it.
+    lim = np.array([math.radians(st.search_deg)] * 3 + [st.max_shift_m * 1.5] * 3)
+    t_lo, t_hi = st.thickness_range if x[7] > 0 else (0.0, 0.0)
+    lo, hi = np.r_[-lim, st.height_range[0], t_lo], np.r_[lim, st.height_range[1], t_hi]
+    halves = []
+    for part in (frames[0::2], frames[1::2]):
+        ev = _smoothed(edge_evidence(part, calib, st.clip_percentile), st.scales_px[-1]) if part else sharp
+        halves.append(perturb(T0, _least_squares(ev, calib, T0, x.copy(), lo, hi, st)[:6]))
+    halves_m, halves_deg = pose_change(*halves)
+    best_score = scores[best]
+    return {
+        "explained": float(best_score),
+        "explained_given": float(explained_given),
+        "rival_share": float(max(rivals) / best_score) if rivals and best_score > 0 else 0.0,
+        "starts": len(fits),
+        "starts_agreeing": int(agree),
+        "sigma_mm": sigma_m * 1e3,
+        "sigma_deg": sigma_deg,
+        "halves_mm": halves_m * 1e3,
+        "halves_deg": halves_deg,
+        "wall_height_m": float(x[6]),
+        "wall_thickness_m": float(x[7]),
+    }
+
+
+def _apart(change: tuple[float, float], acc: AcceptSettings) -> bool:
+    return change[0] * 1e3 > acc.same_pose_mm or change[1] > acc.same_pose_deg
+
+
+def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[bool, str]:
+    """Whether the fit replaces the calibration, and why (a pure function of the fit's
+    :attr:`RefineResult.evidence`, so a benchmark can replay it on stored fits).
+
+    The calibration is kept as given unless every test passes: a calibration slightly
+    off does less harm than a pose that slid along the walls' edges (the rule and the
+    cells it was chosen and checked on: ``docs/benchmarks.md``, "Camera refinement").
+    """
+    e = evidence
+    if e["contrast"] < st.min_contrast:
+        return False, (f"no bin walls found: the best fit's edges are {e['contrast']:.2f}x the image's typical edge "
+                       f"(at least {st.min_contrast} needed); are the bin's walls in view and the workspace right?")
+    if e["correction_mm"] > st.max_shift_m * 1e3 or e["correction_deg"] > st.max_rotation_deg:
+        return False, (f"the walls fit {e['correction_mm']:.1f} mm / {e['correction_deg']:.2f} deg away from the "
+                       f"calibration, beyond {st.max_shift_m * 1e3:.0f} mm / {st.max_rotation_deg:.0f} deg: "
+                       "recalibrate (sim2real-calibrate handeye) rather than refine")
+    if e["correction_mm"] < acc.min_correction_mm and e["correction_deg"] < acc.min_correction_deg:
+        return False, (f"the calibration already fits the walls: the fit moves it only {e['correction_mm']:.1f} mm / "
+                       f"{e['correction_deg']:.2f} deg (under {acc.min_correction_mm} mm and "
+                       f"{acc.min_correction_deg} deg, within the fit's own noise)")
+    if e["rival_share"] > acc.max_rival_share:
+        return False, (f"the walls allow two poses: a fit elsewhere explains {100 * e['rival_share']:.1f}% as much "
+                       f"edge (more than {100 * acc.max_rival_share:.1f}%)")
+    if e["halves_mm"] > acc.max_halves_mm or e["halves_deg"] > acc.max_halves_deg:
+        return False, (f"the fit is not repeatable: the two halves of the frames put the camera "
+                       f"{e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg apart (over {acc.max_halves_mm} mm / "
+                       f"{acc.max_halves_deg} deg)")
+    gain = e["explained"] - e["explained_given"]
+    if gain < acc.min_gain:
+        return False, (f"the fit explains little more edge than the calibration ({gain:.2f} more, "
+                       f"{acc.min_gain} needed)")
+    return True, (f"the walls fit {e['correction_mm']:.1f} mm / {e['correction_deg']:.2f} deg from the calibration, "
+                  f"repeatably ({e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg between halves of the frames)")
 
 
 # ------------------------------------------------------------------ picture
@@ -572,9 +731,11 @@ def undistorted_median(frames: list[np.ndarray], calib: Calibration) -> np.ndarr
 
 
 def draw_fit(image: np.ndarray, calib: Calibration, before: np.ndarray, result: RefineResult) -> np.ndarray:
-    """The wall edges on an undistorted frame: red where the calibration put them, green after."""
+    """The wall edges on an undistorted frame: red where the calibration put them, green
+    where the refined pose puts them, or yellow where the fit not written would have."""
     out = image.copy()
-    for T, color in ((before, (255, 60, 60)), (result.T_base_camera, (60, 255, 60))):
+    after = (60, 255, 60) if result.accepted else (255, 220, 0)
+    for T, color in ((before, (255, 60, 60)), (result.T_base_camera, after)):
         for _name, a, b in wall_lines(calib, result.wall_height, result.wall_thickness, T[:3, 3]):
             pa, pb = _project(T, calib.K, np.stack([a, b]))
             cv2.line(out, tuple(int(round(v)) for v in pa), tuple(int(round(v)) for v in pb), color, 1, cv2.LINE_AA)

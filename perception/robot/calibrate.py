@@ -550,13 +550,28 @@ def _run_handeye(cfg) -> dict:
 
 
 def _run_refine(cfg) -> dict:
-    from perception.core.refine import RefineError, RefineSettings, draw_fit, refine_pose, undistorted_median
+    """Refine ``T_base_camera`` on the bin's walls; write the refined pose when the fit's
+    evidence is strong, the calibration as given otherwise (with the reason, in the
+    output and in ``calibration_report.refine``), so that the next command always has a
+    file to read. Bad input (no frames, frames of another size) is exit 2, nothing written.
+    """
+    from perception.core.refine import (
+        AcceptSettings,
+        RefineError,
+        RefineSettings,
+        draw_fit,
+        refine_pose,
+        undistorted_median,
+    )
 
     cal_path, out = Path(cfg.calibration), Path(cfg.out)
     if out.resolve() == cal_path.resolve():
         raise CalibrationFitError(f"out={out} would overwrite the calibration it refines: write a new file")
     calib = Calibration.load(cal_path)
-    settings = RefineSettings.from_config(cfg.fit)
+    try:
+        settings, accept = RefineSettings.from_config(cfg.fit), AcceptSettings.from_config(cfg.accept)
+    except RefineError as exc:
+        raise CalibrationFitError(str(exc)) from exc
     files = _image_files(Path(cfg.real_dir), "real_dir")
     # Evenly spaced over the folder: consecutive frames of one scene add little.
     picks = np.unique(np.linspace(0, len(files) - 1, min(len(files), settings.max_frames)).round().astype(int))
@@ -566,39 +581,46 @@ def _run_refine(cfg) -> dict:
         _check_size(files[i].name, rgb, calib)
         frames.append(rgb)
     log.info("refining T_base_camera from the bin's walls in %d of %d frames", len(frames), len(files))
-    try:
-        res = refine_pose(frames, calib, settings)
-    except RefineError as exc:
-        raise CalibrationFitError(str(exc)) from exc
+    res = refine_pose(frames, calib, settings, accept)
     data = calib.to_dict()
-    data["T_base_camera"] = res.T_base_camera.tolist()
+    moved = f"the fit ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration)"
+    if res.accepted:
+        data["T_base_camera"] = res.T_base_camera.tolist()
+        try:
+            refined = Calibration.from_dict(data)
+        except CalibrationError as exc:
+            res.accepted, res.reason = False, f"{moved} would not see the workspace: {exc}"
+        else:
+            before, after = calib.workspace_visible_share(), refined.workspace_visible_share()
+            if after < before:
+                # A fit that slides along the walls' edges moves the workspace in the frame; one that
+                # takes more of it out of view than the calibration did is more likely that slide
+                # than the camera's error.
+                res.accepted, res.reason = False, (
+                    f"{moved} would see {100 * after:.1f}% of the workspace where the calibration sees "
+                    f"{100 * before:.1f}%; if the fit is right, the camera or the workspace must move")
+    data["T_base_camera"] = res.written_pose.tolist()
     report = dict(data.get("calibration_report") or {})
     report["refine"] = {**res.report(), "frames": [files[i].name for i in picks], "from": str(cal_path)}
     data["calibration_report"] = report
-    moved = f"the refined pose ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration)"
-    try:
-        refined = Calibration.from_dict(data)
-    except CalibrationError as exc:
-        raise CalibrationFitError(f"{moved} would not see the workspace: {exc}. Nothing written") from exc
-    before, after = calib.workspace_visible_share(), refined.workspace_visible_share()
-    if after < before:
-        # A fit that slides along the walls' edges moves the workspace in the frame; one that takes
-        # more of it out of view than the calibration did is more likely that slide than the
-        # camera's error, and a user is better told than handed it.
-        raise CalibrationFitError(
-            f"{moved} would see {100 * after:.1f}% of the workspace where the calibration sees {100 * before:.1f}%. "
-            "Nothing written; if the fit is right, the camera or the workspace must move"
-        )
+    written = Calibration.from_dict(data)
     picture = out.with_suffix(".png")
     img = draw_fit(undistorted_median(frames, calib), calib, calib.T_base_camera, res)
     ok, png = cv2.imencode(".png", img[:, :, ::-1])
-    refined.save(out)
+    written.save(out)
     if ok:
         atomic_write_bytes(picture, png.tobytes())
-    print(f"refined T_base_camera from {len(frames)} frames: corrected by {res.shift_m * 1e3:.1f} mm and "
-          f"{res.rotation_deg:.2f} deg; walls {res.wall_height * 1e3:.0f} mm high, {res.wall_thickness * 1e3:.0f} mm "
-          f"thick; edge contrast {res.contrast_before:.2f} -> {res.contrast:.2f}; wrote {out} and {picture} "
-          "(red: the walls where the old calibration put them, green: refined)")
+    walls = (f"walls {res.wall_height * 1e3:.0f} mm high, {res.wall_thickness * 1e3:.0f} mm thick; edge contrast "
+             f"{res.contrast_before:.2f} -> {res.contrast:.2f}")
+    if res.accepted:
+        print(f"refined T_base_camera from {len(frames)} frames: corrected by {res.shift_m * 1e3:.1f} mm and "
+              f"{res.rotation_deg:.2f} deg; {walls}; wrote {out} and {picture} "
+              "(red: the walls where the old calibration put them, green: refined)")
+    else:
+        log.warning("calibration kept as given: %s", res.reason)
+        print(f"kept T_base_camera as given (correction zero): {res.reason}. {moved[0].upper() + moved[1:]} was not "
+              f"written; {walls}; wrote {out} and {picture} (red: the walls where the calibration puts them, "
+              "yellow: the fit not written)")
     return res.report()
 
 
@@ -631,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf.errors import MissingMandatoryValue
 
     setup_logging("info")
-    missing = [k for k in cfg if k not in ("board", "fit") and _is_missing(cfg, k)]
+    missing = [k for k in cfg if k not in ("board", "fit", "accept") and _is_missing(cfg, k)]
     if missing:
         raise CliError(prog, f"required: {', '.join(k + '=...' for k in missing)}; see {prog} {argv[0]} --help")
     if not cfg.out:

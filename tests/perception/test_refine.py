@@ -1,4 +1,4 @@
-"""``sim2real-calibrate refine``: what it refuses, and which wall edges it looks for.
+"""``sim2real-calibrate refine``: what it refuses, when it keeps the calibration, and which wall edges it looks for.
 
 The round trip on rendered frames (an injected camera error recovered) is in
 tests/sim_render/test_refine_in_twin.py; these need no renderer.
@@ -6,12 +6,14 @@ tests/sim_render/test_refine_in_twin.py; these need no renderer.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from perception.core.calibration import Calibration, default_calibration_path
 from perception.core.imageio import write_image
-from perception.core.refine import RefineError, RefineSettings, wall_lines
+from perception.core.refine import AcceptSettings, RefineError, RefineSettings, decide, wall_lines
 from perception.robot.calibrate import main
 
 # A fit cut short: these frames have no walls to find, so the search only has to fail.
@@ -36,15 +38,59 @@ def _frames(folder, size, n=3, seed=0):
     return folder
 
 
-def test_frames_without_walls_are_refused_and_nothing_is_written(tmp_path, calib_file, capsys):
+def test_frames_without_walls_keep_the_calibration_as_given_and_say_why(tmp_path, calib_file, capsys):
+    """No walls to fit is no evidence: the calibration is written unchanged (the README's
+    next command still has its file), exit 0, the reason in the output and the report."""
     frames = _frames(tmp_path / "frames", (640, 480))
     out = tmp_path / "refined.json"
+    assert main(["refine", f"calibration={calib_file}", f"real_dir={frames}", f"out={out}", *QUICK]) == 0
+    printed = capsys.readouterr().out
+    assert "kept T_base_camera as given" in printed
+    given, written = json.loads(calib_file.read_text()), json.loads(out.read_text())
+    assert written["T_base_camera"] == given["T_base_camera"]
+    report = written["calibration_report"]["refine"]
+    assert report["written"] == "as given" and report["correction_mm"] == 0.0
+    assert report["reason"] and report["reason"].split(":")[0] in printed
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+# Evidence of a fit that passes every test of the rule; each case below spoils one.
+STRONG = {"contrast": 2.0, "contrast_before": 1.2, "correction_mm": 6.0, "correction_deg": 0.4,
+          "rival_share": 0.5, "halves_mm": 0.3, "halves_deg": 0.02, "explained": 30.0, "explained_given": 10.0,
+          "sigma_mm": 1.0, "sigma_deg": 0.05, "starts": 9, "starts_agreeing": 5,
+          "wall_height_m": 0.04, "wall_thickness_m": 0.01}
+
+
+@pytest.mark.parametrize("spoil, why", [
+    ({"contrast": 1.1}, "no bin walls found"),
+    ({"correction_mm": 25.0}, "recalibrate"),
+    ({"correction_deg": 2.5}, "recalibrate"),
+    ({"correction_mm": 0.5, "correction_deg": 0.02}, "already fits"),
+    ({"rival_share": 0.999}, "two poses"),
+    ({"halves_mm": 9.0}, "not repeatable"),
+    ({"halves_deg": 0.9}, "not repeatable"),
+    ({"explained_given": 29.99}, "little more edge"),
+])
+def test_the_rule_keeps_the_calibration_unless_every_test_passes(spoil, why):
+    st, acc = RefineSettings.defaults(), AcceptSettings.defaults(min_gain=0.5)
+    assert decide(STRONG, st, acc)[0]
+    accepted, reason = decide({**STRONG, **spoil}, st, acc)
+    assert not accepted and why in reason, reason
+
+
+def test_accept_settings_come_from_the_config_and_are_checked(tmp_path, calib_file, capsys):
+    acc = AcceptSettings.defaults()
+    assert 0 < acc.max_rival_share <= 1
+    with pytest.raises(RefineError, match="unknown"):
+        AcceptSettings.defaults(typo=1)
+    with pytest.raises(RefineError, match=">= 0"):
+        AcceptSettings.defaults(max_halves_mm=-1)
+    frames = _frames(tmp_path / "frames", (640, 480), n=1)
     with pytest.raises(SystemExit) as exc:
-        main(["refine", f"calibration={calib_file}", f"real_dir={frames}", f"out={out}", *QUICK])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "no bin walls found" in err or "beyond 20 mm" in err, err
-    assert not out.exists() and not out.with_suffix(".png").exists()
+        main(["refine", f"calibration={calib_file}", f"real_dir={frames}", f"out={tmp_path / 'r.json'}",
+              "accept.min_gain=-1"])
+    assert exc.value.code == 2 and ">= 0" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.parametrize("case", ["wrong_size", "same_file", "no_frames", "bad_height"])
