@@ -19,8 +19,15 @@ new one: the predicted quality at each recorded grasp against its outcome (ROC A
 calibration curve), and how often each answers no grasp on those frames, with the AUC's
 change and its interval (a block bootstrap: those few attempts resolve only a large change).
 
-Writes ``output_dir/artifact/`` (the format ``sim2real-serve`` loads), ``output_dir/report.json``
-and the training's folder ``output_dir/train/``.
+Promotion: ``output_dir/artifact/`` (the format ``sim2real-serve`` loads) holds the better of the
+two. The fine-tuned artifact goes there only when the check block shows it better (the AUC
+change's interval above 0, :func:`promotion_decision`); otherwise ``artifact/`` is the run's
+zero-shot artifact, copied unchanged. ``force=true`` promotes it whatever the check says.
+Either way the fine-tuned artifact is in ``output_dir/candidate/``, ``report.json`` says
+``promoted`` and ``promotion_reason``, the exit code is 0 and the last line says which was kept.
+
+Writes ``output_dir/artifact/``, ``output_dir/candidate/``, ``output_dir/report.json`` and the
+training's folder ``output_dir/train/``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import hydra
 import numpy as np
@@ -46,7 +53,7 @@ from perception.core.jsonio import write_json
 from perception.core.recording import load_attempts, load_header
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
-           "auc_difference", "finetune", "main"]
+           "auc_difference", "Promotion", "promotion_decision", "finetune", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +221,56 @@ def auc_difference(before: Sequence[float], after: Sequence[float], labels: Sequ
             break
     lo, hi = np.percentile(diffs, [2.5, 97.5]) if diffs else (None, None)
     return {"difference": auc_a - auc_b, "interval": [float(lo), float(hi)] if diffs else None,
-            "resamples": len(diffs), "block_attempts": k}
+            "resamples": len(diffs), "block_attempts": k, "attempts": n}
+
+
+class Promotion(NamedTuple):
+    """Whether the fine-tuned artifact goes to ``artifact/``, and why (``report.json``)."""
+
+    promoted: bool
+    reason: str
+
+
+def promotion_decision(auc_change: dict | None, held_out: bool, force: bool) -> Promotion:
+    """Promote the fine-tuned artifact only when the check block shows it better.
+
+    Better means ``auc_change``'s 95% interval (``check.auc_difference``) lies above 0 on
+    attempts held out of training. A change the check cannot resolve is kept out of
+    ``artifact/``: it is as likely a loss in the cell as a gain (AUC 0.573 -> 0.537, interval
+    across 0, was promoted once and took the cell from 41.4% to 33.8%).
+
+    Args:
+        auc_change: :func:`auc_difference`'s answer (``difference``, ``interval``,
+            ``block_attempts``, ``attempts``), or ``None`` when the check block holds one
+            class of outcome only (or no attempt).
+        held_out: the check block's attempts were left out of training.
+        force: promote whatever the check says (the reason still says what it said).
+
+    Returns:
+        ``Promotion(promoted, reason)``.
+    """
+    better, reason = False, ""
+    if not held_out:
+        reason = "the check block was trained on (too few attempts to hold any out)"
+    elif auc_change is None:
+        reason = "the check block holds one class of outcome only (or no attempt): no AUC to compare"
+    elif auc_change.get("interval") is None:
+        reason = "the AUC difference has no interval (every bootstrap resample held one class only)"
+    elif auc_change["attempts"] <= auc_change["block_attempts"]:
+        # One block covers the whole check block: every resample is the same sequence, so
+        # the "interval" is the point estimate again and resolves nothing.
+        reason = (f"the check block's {auc_change['attempts']} attempts fit in one bootstrap block of "
+                  f"{auc_change['block_attempts']}: no interval it can resolve")
+    else:
+        d, (lo, hi) = auc_change["difference"], auc_change["interval"]
+        stated = f"AUC difference {d:+.3f}, 95% interval [{lo:+.3f}, {hi:+.3f}]"
+        better = lo > 0
+        reason = (f"the check block shows it better ({stated}, above 0)" if better else
+                  f"the check block shows it worse ({stated}, below 0)" if hi < 0 else
+                  f"the check block cannot call it better ({stated} includes 0)")
+    if force and not better:
+        return Promotion(True, f"forced (force=true); without it kept out: {reason}")
+    return Promotion(better, reason)
 
 
 def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence[np.ndarray],
@@ -263,6 +319,8 @@ def finetune(cfg: DictConfig) -> dict:
         config_number(f, key, float, lo=lo, hi=1)
     config_number(f, "guard_attempts", int, lo=0)
     config_number(f, "max_time_s", float, lo=0, lo_open=True)
+    if not isinstance(cfg.force, bool):
+        raise ValueError(f"force must be true or false, got {cfg.force!r}")
     for key in ("block_attempts", "resamples"):
         try:
             config_number(f.auc_interval, key, int, lo=1)
@@ -307,19 +365,27 @@ def finetune(cfg: DictConfig) -> dict:
         [run["sim_dataset"]], out / "train", translator=translator, seed=int(cfg.seed),
         init_from=policy["checkpoint"], extra_train=real, extra_fraction=float(f.real_fraction),
     )
-    artifact = replace_tree(summary["artifact"], out / "artifact")
-    int8 = _int8_like_the_run(run, artifact, calib)
+    # The fine-tuned artifact is always kept in candidate/ (int8 graphs added there, where
+    # nothing serves it yet); artifact/ is written once, whole, after the decision.
+    candidate = replace_tree(summary["artifact"], out / "candidate")
+    int8 = _int8_like_the_run(run, candidate, calib)
     check_frames = [_read_frame(a) for a in check_att]  # read once for both artifacts
     before, before_q = check_block(run["artifact"], check_att, check_frames, calib)
-    after, after_q = check_block(artifact, check_att, check_frames, calib)
+    after, after_q = check_block(candidate, check_att, check_frames, calib)
     auc_change = auc_difference(before_q, after_q, [bool(a["outcome"]["success"]) for a in check_att],
                                 int(f.auc_interval.block_attempts), int(f.auc_interval.resamples), int(cfg.seed))
+    held_out = bool(set(train_idx.tolist()).isdisjoint(check_idx.tolist()))
+    promotion = promotion_decision(auc_change, held_out, cfg.force)
+    # Not promoted: the run's artifact byte for byte (replace_tree copies beside, then renames).
+    artifact = replace_tree(candidate if promotion.promoted else run["artifact"], out / "artifact")
+    log.info("finetune: kept the %s artifact in %s: %s", "fine-tuned" if promotion.promoted else "zero-shot",
+             artifact, promotion.reason)
     report = {
         "run_dir": str(run_dir), "recordings": [str(r) for r in cfg.recordings], "artifact": str(artifact),
+        "candidate": str(candidate), "promoted": promotion.promoted, "promotion_reason": promotion.reason,
         "budget": str(cfg.budget.name), "seed": int(cfg.seed), "calibration": run["calibration"],
         "attempts": {"with_outcome": len(attempts), "successes": int(sum(a["outcome"]["success"] for a in attempts)),
-                     "train": len(train_att), "check": len(check_att),
-                     "held_out": bool(set(train_idx.tolist()).isdisjoint(check_idx.tolist()))},
+                     "train": len(train_att), "check": len(check_att), "held_out": held_out},
         "check": {"before": before, "after": after, "auc_difference": auc_change},
         "int8": int8,
         "training": {k: summary[k] for k in ("global_step", "train_time_s", "n_train_frames", "metrics")},
@@ -379,10 +445,12 @@ def _summary(report: dict) -> str:
         lo, hi = d["interval"]
         verdict = "better" if lo > 0 else "worse" if hi < 0 else "no difference the check block can resolve"
         change = f" ({d['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]: {verdict})"
+    kept = (f"kept the fine-tuned artifact in {report['artifact']}" if report["promoted"] else
+            f"kept the zero-shot artifact in {report['artifact']} (the fine-tuned one: {report['candidate']})")
     return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "
             f"AUC {fmt(b['auc'])} -> {fmt(a['auc'])}{change}, "
-            f"null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])}; "
-            f"artifact {report['artifact']} ({report['wall_s']:.0f} s)")
+            f"null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])} ({report['wall_s']:.0f} s)\n"
+            f"{kept}: {report['promotion_reason']}")
 
 
 @hydra.main(config_path="pkg://conf", config_name="finetune", version_base="1.3")

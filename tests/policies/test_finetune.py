@@ -1,7 +1,11 @@
 """Fine-tuning on recorded attempts (policies/finetune.py): the split, the scores, the refusals,
-and that a real attempt's label moves the network's quality where the grasp was."""
+that a real attempt's label moves the network's quality where the grasp was, and that
+``artifact/`` gets the fine-tuned policy only when the check block shows it better."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from policies.finetune import (
     auc_difference,
     calibration_curve,
     load_labelled_attempts,
+    promotion_decision,
     roc_auc,
     split_blocks,
 )
@@ -147,3 +152,117 @@ def test_a_moved_run_folder_is_read_from_its_new_place_real_frames_included(tmp_
     assert moved["real_dir"] == str(new / "stages" / "real-1" / "frames")
     assert moved["artifact"] == str(new / "artifact") and moved["policy"]["checkpoint"] == str(new / "p.ckpt")
     assert moved["calibration"] == str(tmp_path / "elsewhere") and moved["sim_dataset"] == "/nowhere/sim"
+
+
+def _change(difference, interval, attempts=70, block_attempts=5):
+    return {"difference": difference, "interval": interval, "resamples": 2000, "block_attempts": block_attempts,
+            "attempts": attempts}
+
+
+def test_only_a_check_block_that_shows_the_fine_tune_better_promotes_it():
+    """Regression: "AUC 0.573 -> 0.537, no difference it can resolve" was promoted to artifact/
+    and the cell went from 41.4% to 33.8%. Only an interval above 0, on held-out attempts, promotes."""
+    better = promotion_decision(_change(0.08, [0.02, 0.15]), held_out=True, force=False)
+    assert better.promoted and "better" in better.reason and "[+0.020, +0.150]" in better.reason
+    the_issue = promotion_decision(_change(0.537 - 0.573, [-0.12, 0.05]), held_out=True, force=False)
+    assert not the_issue.promoted and "cannot call it better" in the_issue.reason
+    assert not promotion_decision(_change(0.05, [0.0, 0.1]), True, False).promoted  # touching 0 is not above it
+    worse = promotion_decision(_change(-0.1, [-0.2, -0.03]), held_out=True, force=False)
+    assert not worse.promoted and "worse" in worse.reason
+    one_class = promotion_decision(None, held_out=True, force=False)
+    assert not one_class.promoted and "one class" in one_class.reason
+    assert not promotion_decision(_change(0.1, None), True, False).promoted
+    # Fewer attempts than one bootstrap block: every resample is the block itself, a point, not an interval.
+    tiny = promotion_decision(_change(0.5, [0.5, 0.5], attempts=4), held_out=True, force=False)
+    assert not tiny.promoted and "one bootstrap block" in tiny.reason
+    trained_on = promotion_decision(_change(0.08, [0.02, 0.15]), held_out=False, force=False)
+    assert not trained_on.promoted and "trained on" in trained_on.reason
+    # force=true promotes whatever the check says, and the reason says so and what the check said.
+    for change, held_out in ((_change(-0.036, [-0.12, 0.05]), True), (None, True), (_change(0.08, [0.02, 0.15]), False)):
+        forced = promotion_decision(change, held_out, force=True)
+        assert forced.promoted and forced.reason.startswith("forced (force=true)")
+        assert forced.reason.endswith(promotion_decision(change, held_out, force=False).reason)
+    assert promotion_decision(_change(0.08, [0.02, 0.15]), True, force=True) == better  # nothing to force
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Each file under ``folder``, by its path there, with the SHA-256 of its bytes."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def zero_shot_run(tmp_path_factory, rendered):
+    """A run folder as sim2real-pipeline leaves it, as far as sim2real-finetune reads it: a
+    policy trained for one step on the rendered frames (its checkpoint and artifact), the
+    sim frames, the calibration, report.json; and a recording of 8 attempts on its camera."""
+    from omegaconf import OmegaConf
+
+    from policies.train import train_policy
+    from sim_render.api import compose_config
+
+    root = tmp_path_factory.mktemp("finetune")
+    cfg = compose_config("train_policy", [
+        "policy.base=null", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
+        "policy.val_fraction=0.34", "policy.val_every_n_steps=2", "policy.geometry=null",  # one graph to export
+    ])
+    summary = train_policy(cfg, [rendered], root / "run" / "policy", fast_dev_run=True)
+    meta = json.loads((Path(summary["artifact"]) / "metadata.json").read_text())
+    run_calib = Calibration.from_dict(meta["calibration"])
+    run_calib.save(root / "run" / "calibration.json")
+    (root / "run" / "report.json").write_text(json.dumps({
+        "config": {"output_dir": str(root / "run")}, "calibration": str(root / "run" / "calibration.json"),
+        "artifact": summary["artifact"], "policy": {"checkpoint": summary["checkpoint"]},
+        "sim_dataset": str(rendered), "translator": None, "policy_config": OmegaConf.to_container(cfg.policy),
+    }))
+    rec = _record(root / "rec", run_calib, [True, False] * 4)
+    return {"run": root / "run", "rec": rec, "artifact": Path(summary["artifact"]), "root": root}
+
+
+def _finetune(run: dict, name: str, *overrides: str) -> tuple[dict, Path]:
+    """sim2real-finetune in this process, for a few steps. The check block: the last 4 of the 8
+    attempts (both outcomes, AUCs computed), too few for the bootstrap to resolve any change."""
+    from policies.finetune import finetune
+    from sim_render.api import compose_config
+
+    out = run["root"] / name
+    cfg = compose_config("finetune", [
+        f"run_dir={run['run']}", f"recordings=[{run['rec']}]", f"output_dir={out}", "logger=none",
+        "budget.finetune.max_steps=2", "budget.finetune.val_every_n_steps=1",
+        "finetune.check_fraction=0.5", "finetune.guard_attempts=0", *overrides,
+    ])
+    return finetune(cfg), out
+
+
+@pytest.mark.slow
+def test_a_fine_tune_the_check_block_cannot_call_better_stays_out_of_artifact(zero_shot_run):
+    """Regression (AUC 0.573 -> 0.537 promoted, the cell 41.4% -> 33.8%): artifact/ is the run's
+    zero-shot artifact byte for byte, the fine-tuned one is in candidate/, the report says why."""
+    from policies.finetune import _summary
+
+    report, out = _finetune(zero_shot_run, "kept")
+    assert _tree(out / "artifact") == _tree(zero_shot_run["artifact"])
+    assert report["attempts"]["held_out"] and report["attempts"]["check"] == 4
+    assert report["check"]["before"]["auc"] is not None and report["check"]["auc_difference"] is not None
+    assert report["promoted"] is False and "one bootstrap block" in report["promotion_reason"]
+    assert _tree(out / "candidate") == _tree(out / "train" / "artifact")  # the fine-tuned graphs
+    assert _tree(out / "candidate")["policy.onnx"] != _tree(zero_shot_run["artifact"])["policy.onnx"]
+    assert not any(p.name.startswith(".") for p in out.iterdir())  # no temporary folder left beside them
+    assert json.loads((out / "report.json").read_text())["promotion_reason"] == report["promotion_reason"]
+    last = _summary(report).splitlines()[-1]
+    assert last.startswith(f"kept the zero-shot artifact in {out / 'artifact'}") and report["promotion_reason"] in last
+
+
+@pytest.mark.slow
+def test_force_promotes_the_fine_tuned_artifact_anyway(zero_shot_run):
+    from policies.finetune import _summary
+
+    report, out = _finetune(zero_shot_run, "forced", "force=true")
+    assert report["promoted"] is True and report["promotion_reason"].startswith("forced (force=true)")
+    assert _tree(out / "artifact") == _tree(out / "candidate") == _tree(out / "train" / "artifact")
+    assert _tree(out / "artifact")["policy.onnx"] != _tree(zero_shot_run["artifact"])["policy.onnx"]
+    assert _summary(report).splitlines()[-1].startswith(f"kept the fine-tuned artifact in {out / 'artifact'}")
+    with pytest.raises(ValueError, match="force must be true or false"):
+        _finetune(zero_shot_run, "bad", "force=yes")
