@@ -17,6 +17,13 @@ on a CPU); the float graphs are then timed beside them in the same run: the forw
 interleaved in one loop, and ``/v1/grasp`` on PNG frames from a second service started with
 ``precision=fp32``, with the p50 ratios.
 ``--write`` puts the table into docs/benchmarks.md between the service markers.
+
+``--uploads 10,30,60`` measures memory instead: for each count, a fresh service with its
+default limits, then that many clients at once, each sending a frame padded to just under
+``max_body_mb`` at full speed; the service's peak resident memory (``VmHWM``) against its
+idle memory and the goal (300 MB), and the answers' status codes. The bound it should
+keep: idle + (``max_concurrency`` + ``limits.max_queue``) x ``max_body_mb``, each body
+held once.
 """
 
 from __future__ import annotations
@@ -407,6 +414,81 @@ def write_section(md: str, path: Path) -> None:
     path.write_text(text)
 
 
+def _padded_png(png: bytes, size: int) -> bytes:
+    """``png`` grown to ``size`` bytes by a private ancillary chunk before IEND: a valid frame
+    at the body limit, which decoders skip, so every admitted upload is decoded and answered."""
+    import zlib
+
+    pad = size - len(png) - 12  # a chunk is length, type, data, CRC
+    chunk = pad.to_bytes(4, "big") + b"prVt" + bytes(pad)
+    chunk += zlib.crc32(chunk[4:]).to_bytes(4, "big")
+    return png[:-12] + chunk + png[-12:]
+
+
+def _upload(port: int, body: bytes, statuses: list) -> None:
+    """One client: the whole body at full speed, then the answer's status (None: none came)."""
+    head = (f"POST /v1/grasp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: image/png\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(head + body)
+            first = sock.recv(64)
+        statuses.append(int(first.split(b" ", 2)[1]) if first.startswith(b"HTTP/1.1 ") else None)
+    except OSError:
+        statuses.append(None)  # refused or reset before an answer
+
+
+def measure_uploads(args: argparse.Namespace, counts: list[int]) -> list[dict]:
+    """Peak memory of a service under ``count`` concurrent near-limit uploads (see the module doc)."""
+    from perception.core.testing import make_test_artifact
+
+    calib = Calibration.load(args.calibration or default_calibration_path())
+    serve = OmegaConf.load(ROOT / "conf" / "serve.yaml")
+    body_bytes = int((serve.max_body_mb - 0.1) * 2**20)
+    places = int(serve.max_concurrency) + int(serve.limits.max_queue)
+    png = encode_image(camera_like_frame(calib, seed=0), "png")
+    body = _padded_png(png, body_bytes)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact = args.artifact or make_test_artifact(Path(tmp) / "artifact", calibration=calib, view_size=(160, 120),
+                                                       angle_bins=12, conv_channels=16)
+        for count in counts:
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
+                                     f"calibration={args.calibration or default_calibration_path()}", f"port={port}",
+                                     "log_level=warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=ROOT)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                wait_until_healthy(url, proc, timeout=60)
+                with httpx.Client(timeout=30) as c:
+                    for _ in range(5):
+                        c.post(url + "/v1/grasp", content=png, headers={"Content-Type": "image/png"})
+                idle = resident_memory_bytes(proc.pid)
+                statuses: list[int | None] = []
+
+                workers = [threading.Thread(target=_upload, args=(port, body, statuses)) for _ in range(count)]
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join(120)
+                peak_kb = status_kb(proc.pid, "VmHWM")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            codes = {str(k): statuses.count(k) for k in sorted(set(statuses), key=str)}
+            rows.append({"uploads": count, "body_mib": round(len(body) / 2**20, 2), "idle_mb": round(idle / 2**20, 1),
+                         "peak_mb": round(peak_kb / 1024, 1),
+                         "bound_mb": round(idle / 2**20 + places * len(body) / 2**20, 1), "statuses": codes})
+            print(f"{count} concurrent uploads of {len(body) / 2**20:.1f} MiB: peak {peak_kb / 1024:.0f} MB "
+                  f"(idle {idle / 2**20:.0f} MB; idle + {places} places x body = {rows[-1]['bound_mb']:.0f} MB; "
+                  f"goal <= 300 MB); answers {codes}", flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", default=None, help="policy artifact folder (default: a synthetic one)")
@@ -418,7 +500,13 @@ def main() -> int:
                     "scan-bomb and full-queue loads")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--json", default=None, help="also write the raw results here")
+    ap.add_argument("--uploads", default=None, metavar="N,N,...",
+                    help="measure peak memory under N concurrent near-limit uploads instead (e.g. 10,30,60)")
     args = ap.parse_args()
+    if args.uploads:
+        rows = measure_uploads(args, [int(n) for n in args.uploads.split(",")])
+        print(json.dumps({"uploads": rows}))
+        return 0
     res = run(args)
     md = to_markdown(res)
     print(md)

@@ -98,6 +98,9 @@ log = logging.getLogger(__name__)
 ARTIFACT_FORMAT = "sim2real-grasp-policy"
 ARTIFACT_FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
+#: Bytes a metadata.json may have (a real one is tens of kB): checked before it is read, so a
+#: huge or wrong file costs no memory.
+MAX_METADATA_BYTES = 4 * 1024 * 1024
 
 #: Drift between the serving calibration and the artifact's above which a warning is logged.
 DRIFT_FOCAL_REL = 0.02  # fraction of fx / fy
@@ -250,6 +253,13 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def calibration_sha256(calibration: dict) -> str:
+    """Hex SHA-256 of the metadata's ``calibration`` block (canonical JSON): it holds the
+    safety fields (workspace, table_z, the camera's pose) a service without its own
+    ``calibration=`` serves by, so an edit of them after export is refused."""
+    return hashlib.sha256(json.dumps(calibration, sort_keys=True).encode()).hexdigest()
+
+
 def _check_sha256(path: Path, want: Any, field_name: str) -> None:
     if want is None:
         log.warning("artifact field %r is absent: %s is not checked against its hash (an artifact from before "
@@ -372,6 +382,8 @@ def write_metadata(artifact_dir: str | Path, meta: dict) -> ArtifactMetadata:
     meta = to_jsonable(meta)
     if "onnx_sha256" not in meta and isinstance(meta.get("onnx"), str) and (root / meta["onnx"]).is_file():
         meta["onnx_sha256"] = file_sha256(root / meta["onnx"])
+    if "calibration_sha256" not in meta and isinstance(meta.get("calibration"), dict):
+        meta["calibration_sha256"] = calibration_sha256(meta["calibration"])
     parsed = _parse_metadata(root, meta)
     write_json(root / METADATA_FILE, meta)
     return parsed
@@ -389,14 +401,30 @@ def load_metadata(artifact_dir: str | Path) -> ArtifactMetadata:
     meta_path = root / METADATA_FILE
     if not meta_path.is_file():
         raise ArtifactError(f"{meta_path} not found: not a {ARTIFACT_FORMAT} artifact")
+    size = meta_path.stat().st_size
+    if size > MAX_METADATA_BYTES:
+        raise ArtifactError(f"{meta_path} is {size} bytes, over the {MAX_METADATA_BYTES} a metadata file may have: "
+                            "not an artifact's metadata (export the policy again)")
     try:
         raw = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{meta_path} is not valid JSON: {exc}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ArtifactError(f"{meta_path} is not valid JSON: {exc!r}") from exc
     try:
         return _parse_metadata(root, raw)
     except ArtifactError as exc:
         raise ArtifactError(f"{meta_path}: {exc}") from exc
+
+
+def _check_calibration_sha256(raw: dict) -> None:
+    want = raw.get("calibration_sha256")
+    if want is None:
+        log.warning("artifact field 'calibration_sha256' is absent: the workspace and camera it was exported for "
+                    "are not checked against their hash (an artifact from before it; export it again, or serve "
+                    "with calibration=FILE)")
+        return
+    if not isinstance(want, str) or want.lower() != calibration_sha256(raw["calibration"]):
+        raise ArtifactError("field 'calibration' does not match 'calibration_sha256': its workspace, table or camera "
+                            "was changed after export. Export the policy again (a wider workspace is not a setting)")
 
 
 def _parse_input(inp: Any) -> tuple[str, tuple[int, int], tuple, tuple]:
@@ -481,6 +509,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
                                 "top-down view (view.kind 'table')")
     try:
         calib = Calibration.from_dict(_req(raw, "calibration"), check_view=False)
+        _check_calibration_sha256(raw)
     except CalibrationError as exc:
         raise ArtifactError(f"field 'calibration': {exc}") from exc
     return ArtifactMetadata(

@@ -57,6 +57,7 @@ class ServerLimits:
     max_connections: int = 64        # open connections; beyond: 503 and closed
     backlog: int = 64                # connections the kernel queues (and asyncio accepts at once)
     max_queue: int = 8               # /v1/grasp requests waiting for an inference slot; beyond: 503
+    evict_after_s: float = 0.5       # an upload admitted this long ago may give its place to a newcomer
     max_jpeg_scans: int = 32         # progressive JPEG scans counted before decoding; more: 400
     shutdown_timeout_s: float = 4.0  # SIGTERM: how long running requests may take to finish
 

@@ -298,15 +298,16 @@ class _Gate:
 
     ``capacity`` places (``max_concurrency + max_queue``) bound the bodies held in memory.
     When every place is taken, a new request takes the place of the slowest upload still
-    in progress (lowest bytes per second since admission), which is answered ``503``:
+    in progress that was admitted at least ``grace_s`` ago (lowest bytes per second since
+    admission), which is answered ``503``:
     clients that trickle or never finish their bodies cannot keep a frame out for their
     ``body_timeout_s``. Only places whose bodies have all arrived, waiting for or in an
     inference, are a full queue (``503`` with ``Retry-After`` to the newcomer).
     Everything runs on the event loop's thread: no lock.
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.refused, self.evicted = int(capacity), 0, 0
+    def __init__(self, capacity: int, grace_s: float) -> None:
+        self.capacity, self.grace_s, self.refused, self.evicted = int(capacity), float(grace_s), 0, 0
         self.tickets: set[_Ticket] = set()
 
     @property
@@ -316,7 +317,10 @@ class _Gate:
     def admit(self) -> _Ticket | None:
         if len(self.tickets) >= self.capacity:
             now = time.monotonic()
-            uploading = [t for t in self.tickets if t.uploading]
+            # Only an upload that has had time to arrive can be the slowest: one admitted a
+            # moment ago has 0 bytes and would always lose, so clients that retry at once
+            # would evict each other and no body would ever arrive.
+            uploading = [t for t in self.tickets if t.uploading and now - t.t0 >= self.grace_s]
             if not uploading:
                 self.refused += 1
                 return None
@@ -360,28 +364,42 @@ class _MetricsMiddleware:
             self.latency.labels(label).observe(time.perf_counter() - t0)
 
 
-async def _read_body(request: Request, limit: int, ticket: _Ticket | None = None) -> tuple[bytes | None, int]:
+async def _read_body(request: Request, limit: int, ticket: _Ticket | None = None) -> tuple[bytearray | None, int]:
     """Read at most ``limit`` bytes; returns ``(None, n)`` when the body is larger.
 
+    The bytes go into one buffer as they arrive, sized by ``Content-Length`` when it is
+    declared: a list of chunks joined at the end held every body twice at its peak, and
+    with every place of the queue filled by a near-limit upload that doubled the memory.
     ``ticket.received`` follows the bytes as they arrive (the gate evicts the slowest).
     """
-    chunks: list[bytes] = []
+    declared = request.headers.get("content-length", "")
+    buf = bytearray(int(declared)) if declared.isdigit() and int(declared) <= limit else bytearray()
+    view = memoryview(buf)
     size = 0
     over = False
     async for chunk in request.stream():
-        size += len(chunk)
+        n = len(chunk)
         if ticket is not None:
-            ticket.received = size
-        if over:
+            ticket.received = size + n
+        if over or size + n > limit:
+            over = True
+            size += n
             if size > DRAIN_LIMIT_BYTES:
                 break
             continue
-        if size > limit:
-            over = True
-            chunks = []
-            continue
-        chunks.append(chunk)
-    return (None if over else b"".join(chunks)), size
+        if size + n <= len(buf):
+            view[size:size + n] = chunk
+        else:  # more than declared (h11 refuses that) or nothing declared: grow
+            view.release()
+            buf[size:] = chunk
+            view = memoryview(buf)
+        size += n
+    view.release()
+    if over:
+        return None, size
+    if size < len(buf):  # fewer bytes than declared: the client went away (h11 raises first)
+        del buf[size:]
+    return buf, size
 
 
 def create_app(
@@ -450,7 +468,7 @@ def create_app(
         log.warning("calibration drift from the trained camera: %s", w)
     if not background_load:
         svc.load()
-    gate = _Gate(int(max_concurrency) + int(limits.max_queue))
+    gate = _Gate(int(max_concurrency) + int(limits.max_queue), limits.evict_after_s)
     stopper, stats = Stopper(), ServerStats()
     # One registry per app (tests run several), with the process's own metrics
     # (process_resident_memory_bytes, open fds, CPU seconds) from prometheus_client.
@@ -757,6 +775,8 @@ class _Routes:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _error(400, "the body is not JSON")
+        except RecursionError:  # arrays nested ~1000 deep fit in the 4 KB cap and overflow the parser
+            return _error(400, "the body is not JSON an outcome can be: nested too deeply")
         if not isinstance(obj, dict):
             return _error(422, 'the body must be an object {"attempt_id": "...", "success": true|false}')
         attempt_id, success = obj.get("attempt_id"), obj.get("success")

@@ -13,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.core.artifact import ArtifactError, PolicyRunner, calibration_drift, load_metadata
+from perception.core.artifact import (
+    MAX_METADATA_BYTES,
+    ArtifactError,
+    PolicyRunner,
+    calibration_drift,
+    calibration_sha256,
+    load_metadata,
+)
 from perception.core.decode import decode_grasp, grasp_in_workspace
 from perception.core.frames import GRIPPER_MAX_WIDTH
 from perception.core.geometry import project_points
@@ -64,6 +71,43 @@ def test_bad_metadata_is_refused(tmp_path, artifact_dir, mutate, message):
     mutate(meta)
     (d / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match=message):
+        load_metadata(d)
+
+
+@pytest.mark.parametrize("case", ["widened", "moved_table", "no_hash"])
+def test_the_calibration_it_was_exported_for_is_held_by_its_hash(tmp_path, artifact_dir, case, caplog):
+    """A service started without calibration= serves by the metadata's calibration: a workspace
+    widened (or a table moved) in metadata.json after export is refused, not served."""
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    assert meta["calibration_sha256"] == calibration_sha256(meta["calibration"])
+    if case == "widened":
+        meta["calibration"]["workspace"]["x"][1] += 0.2
+    elif case == "moved_table":
+        meta["calibration"]["table_z"] -= 0.05
+    else:
+        del meta["calibration_sha256"]  # an artifact from before the hash: served, with a warning
+    (d / "metadata.json").write_text(json.dumps(meta))
+    if case == "no_hash":
+        with caplog.at_level("WARNING"):
+            load_metadata(d)
+        assert "calibration_sha256" in caplog.text
+        return
+    with pytest.raises(ArtifactError, match="changed after export"):
+        load_metadata(d)
+
+
+@pytest.mark.parametrize("case", ["huge", "deep"])
+def test_metadata_is_sized_and_parsed_safely(tmp_path, artifact_dir, case):
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    with open(d / "metadata.json", "wb") as fh:
+        if case == "huge":  # sparse: its size is checked before a byte is read, so no memory is spent
+            fh.truncate(MAX_METADATA_BYTES + 1)
+        else:
+            fh.write(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ArtifactError, match="over the" if case == "huge" else "not valid JSON"):
         load_metadata(d)
 
 
@@ -337,6 +381,10 @@ def test_a_tampered_artifact_does_not_start(tmp_path, artifact_dir, calib, caplo
         load_metadata(d)
     wide = json.loads(json.dumps(meta))
     wide["calibration"]["workspace"]["x"] = [0.1, 0.9]
+    (d / "metadata.json").write_text(json.dumps(wide))
+    with pytest.raises(ArtifactError, match="changed after export"):  # the hash covers the calibration
+        load_metadata(d)
+    del wide["calibration_sha256"]  # an artifact from before that hash: a serving calibration still refuses it
     (d / "metadata.json").write_text(json.dumps(wide))
     with pytest.raises(ArtifactError, match="reaches outside the serving"):
         check_calibration(load_metadata(d), calib)

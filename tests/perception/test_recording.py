@@ -101,6 +101,9 @@ def test_the_service_records_what_it_answers_and_takes_outcomes(recording_server
     assert _outcome(url, {"attempt_id": ids[0], "success": True}).status_code == 200  # replaces the first
     assert _outcome(url, {"attempt_id": "nope", "success": True}).status_code == 404
     assert _outcome(url, b"{not json").status_code == 400
+    # Nested ~1000 deep in under 4 KB: the parser's recursion limit, answered 400, nothing stored.
+    for deep in (b"[" * 1000 + b"]" * 1000, b"[" * 2040 + b"]" * 2040):
+        assert _outcome(url, deep).status_code == 400
     for bad in ({"attempt_id": ids[0]}, {"attempt_id": "", "success": True}, {"attempt_id": ids[0], "success": 1},
                 [ids[0], True]):
         assert _outcome(url, bad).status_code == 422, bad

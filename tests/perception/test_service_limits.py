@@ -65,16 +65,21 @@ def _read_status(s: socket.socket, timeout: float) -> int | None:
     return int(data.split(b" ", 2)[1])
 
 
-@pytest.fixture()
-def limited(artifact_dir):
-    """The service in a thread with small limits: 4 connections, 1 inference + 1 queued, 0.5 s timeouts."""
+def _limited_server(artifact_dir, **changes):
     from perception.robot.service import create_app
     from tests.perception.conftest import ThreadServer
 
-    limits = ServerLimits(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=4, max_queue=1,
-                          max_jpeg_scans=32, shutdown_timeout_s=2.0)
+    limits = ServerLimits(**{**dict(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=4, max_queue=1,
+                                    max_jpeg_scans=32, shutdown_timeout_s=2.0, evict_after_s=0.05), **changes})
     app = create_app(artifact_dir, token=TOKEN, max_concurrency=1, intra_op_num_threads=1, limits=limits)
-    with ThreadServer(app) as srv:
+    return ThreadServer(app)
+
+
+@pytest.fixture()
+def limited(artifact_dir):
+    """The service in a thread with small limits: 4 connections, 1 inference + 1 queued, 0.5 s timeouts,
+    an upload evictable 0.05 s after its admission."""
+    with _limited_server(artifact_dir) as srv:
         yield srv
 
 
@@ -159,12 +164,12 @@ def test_connection_limit_answers_503_when_every_connection_is_busy(artifact_dir
 def test_slow_uploads_give_their_place_to_a_frame(limited, png_bytes):
     # max_concurrency 1 + max_queue 1: two requests stuck in their body hold both places.
     held = [_raw(limited.port, _head(limited.port, len(png_bytes)) + png_bytes[:100]) for _ in range(2)]
-    time.sleep(0.1)
+    time.sleep(0.1)  # past evict_after_s: they have had time to arrive
     try:
         # The frame takes the place of the slowest upload, which is answered 503 at once.
         t0 = time.monotonic()
         assert _grasp(limited.url, png_bytes, timeout=5).status_code == 200
-        assert time.monotonic() - t0 < 0.45  # well before the held bodies' 0.5 s timeout
+        assert time.monotonic() - t0 < 0.35  # before the held bodies' 0.5 s timeout
         assert sorted(_read_status(h, 5) for h in held) == [408, 503]
     finally:
         for h in held:
@@ -173,14 +178,40 @@ def test_slow_uploads_give_their_place_to_a_frame(limited, png_bytes):
     assert "sim2real_grasp_uploads_evicted 1.0" in metrics
 
 
+def test_an_upload_just_admitted_is_never_the_one_evicted(artifact_dir, png_bytes):
+    """Clients that ignore Retry-After and come back at once must not evict each other: the
+    place goes from the slowest upload that has had time to arrive, never from one whose
+    body has only just started (0 bytes yet: the lowest rate of all)."""
+    with _limited_server(artifact_dir, body_timeout_s=3.0, evict_after_s=0.5) as srv:
+        slow = _raw(srv.port, _head(srv.port, len(png_bytes)) + png_bytes[:100])
+        time.sleep(0.8)  # admitted long enough ago to be judged, and slow
+        fresh = _raw(srv.port, _head(srv.port, len(png_bytes)))  # admitted now, nothing sent yet
+        time.sleep(0.05)
+        try:
+            newcomer = _grasp(srv.url, png_bytes, timeout=5)  # every place taken: one of the two must go
+            fresh.sendall(png_bytes)
+            assert _read_status(slow, 5) == 503  # the slow one gave its place
+            assert _read_status(fresh, 5) == 200  # the one just admitted kept its place and was answered
+            assert newcomer.status_code == 200
+        finally:
+            slow.close()
+            fresh.close()
+
+
 def test_the_queue_is_full_only_when_every_body_has_arrived():
     import anyio
 
     from perception.robot.service import _Gate
 
     async def check():
-        gate = _Gate(2)
+        gate = _Gate(2, grace_s=0.5)
+        young = gate.admit()
+        assert gate.admit() is not None and gate.admit() is None  # both too young to judge: the newcomer waits
+        assert gate.refused == 1 and not young.evicted
+        gate = _Gate(2, grace_s=0.5)
         a, b = gate.admit(), gate.admit()
+        a.t0 -= 1.0
+        b.t0 -= 1.0  # both admitted a second ago: both may be judged
         a.received, b.received = 5000, 10
         c = gate.admit()  # full: b, the slower upload, is evicted
         assert c is not None and b.evicted and not a.evicted and gate.evicted == 1 and gate.admitted == 2
