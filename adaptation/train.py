@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from adaptation.data import AdaptDataModule
 from adaptation.module import CycleGANModule
+from adaptation.progress import trainer_progress
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
 from perception.core.jsonio import write_json
@@ -176,6 +177,7 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
         save_top_k=1, save_last=True, auto_insert_metric_name=False, enable_version_counter=False,
     )
     tkw = dict(OmegaConf.to_container(cfg.trainer, resolve=True))
+    tkw["enable_progress_bar"], progress_cbs = trainer_progress("translator", bool(tkw.get("enable_progress_bar", True)))
     max_time = cfg.get("max_time")
     fast = bool(cfg.get("fast_dev_run", False))
     trainer = pl.Trainer(
@@ -188,7 +190,7 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
         num_sanity_val_steps=0,
         log_every_n_steps=int(cfg.get("log_every_n_steps", 10)),
         logger=logger,
-        callbacks=[ckpt_cb],
+        callbacks=[ckpt_cb, *progress_cbs],
         default_root_dir=str(out),
         fast_dev_run=fast,
     )

@@ -36,10 +36,12 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
+from adaptation.progress import trainer_progress
 from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView, make_view
 from perception.core.jsonio import write_json
 from perception.core.preprocess import preprocess, to_network_input
+from perception.core.progress import progress
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
 from sim_render.format import SEG_FIRST_OBJECT
@@ -151,7 +153,6 @@ def make_geometry_datasets(
     Returns:
         ``train``, ``val`` (``None`` when empty), the first folder's view and calibration.
     """
-    from tqdm.auto import tqdm
 
     from policies.data import split_by_scene
     from sim_render.reader import SimFrameDataset
@@ -166,7 +167,7 @@ def make_geometry_datasets(
             first = (view, calib)
         tr_idx, va_idx = split_by_scene(frames, val_fraction, seed)
         val_set = set(int(i) for i in va_idx)
-        for i in tqdm(range(len(frames)), desc=f"geometry frames {Path(d).name}", leave=False):
+        for i in progress(range(len(frames)), desc=f"geometry frames {Path(d).name}", unit="frame", leave=False):
             rec = geometry_record(frames[i], calib, view)
             (val if i in val_set else train).append(rec)
     assert first is not None
@@ -300,6 +301,7 @@ def train_geometry(
     tlog = policy_logger(logger_cfg, out, {"geometry": g, "seed": int(seed)})
     import datetime
 
+    bar, progress_cbs = trainer_progress("geometry")
     trainer = pl.Trainer(
         default_root_dir=str(out), max_steps=int(g["max_steps"]), max_epochs=-1,
         max_time=datetime.timedelta(seconds=float(g["max_time_s"])) if g.get("max_time_s") else None,
@@ -307,7 +309,7 @@ def train_geometry(
         val_check_interval=int(g["val_every_n_steps"]) if val_loader is not None else None,
         check_val_every_n_epoch=None, limit_val_batches=1.0 if val_loader is not None else 0,
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
-        enable_checkpointing=False, enable_progress_bar=True, fast_dev_run=fast_dev_run,
+        enable_checkpointing=False, enable_progress_bar=bar, callbacks=progress_cbs, fast_dev_run=fast_dev_run,
     )
     t0 = time.perf_counter()
     try:

@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
+from adaptation.progress import trainer_progress
 from conf import policy_default
 from conf.schema import Augment, section_problems
 from perception.core.atomic import atomic_write_text
@@ -313,6 +314,7 @@ def _trainer(full: DictConfig, pcfg: DictConfig, out: Path, resume: Path | None,
                            "precision": pcfg.precision, "enable_progress_bar": False, "deterministic": False}
     if full.get("trainer"):
         tkw.update(OmegaConf.to_container(full.trainer, resolve=True))
+    tkw["enable_progress_bar"], progress_cbs = trainer_progress("policy", bool(tkw["enable_progress_bar"]))
     tlog = policy_logger(full.get("logger"), out, OmegaConf.to_container(full, resolve=True), resume=resume)
     trainer = pl.Trainer(
         default_root_dir=str(out),
@@ -320,7 +322,7 @@ def _trainer(full: DictConfig, pcfg: DictConfig, out: Path, resume: Path | None,
         max_epochs=-1,
         max_time=max_time,
         logger=tlog.logger,
-        callbacks=[ckpt_cb, *callbacks],
+        callbacks=[ckpt_cb, *callbacks, *progress_cbs],
         val_check_interval=val_every if validates else None,
         check_val_every_n_epoch=None,
         limit_val_batches=pcfg.limit_val_batches if validates else 0,

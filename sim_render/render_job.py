@@ -37,8 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
 from pathlib import Path
 
-from tqdm import tqdm
-
+from perception.core.progress import progress as progress_bar
 from sim_render.format import FORMAT_VERSION, CorruptShardError, FrameRecord, shard_name, shard_scenes
 from sim_render.shard_io import (
     build_manifest,
@@ -373,9 +372,8 @@ def render_shards(
     rendered: list[str] = []
     pending: dict[int, dict[int, list[FrameRecord]]] = {k: {} for k in todo}
     with (
-        tqdm(
-            total=in_range, initial=in_range - len(scenes), unit="scene", desc="render", disable=not progress
-        ) as bar,
+        progress_bar(total=in_range, initial=in_range - len(scenes), unit="scene", desc="render",
+                     disable=not progress) as bar,
         closing(_scene_results(make_frames, scenes, workers)) as results,
     ):
         for i, frames in results:

@@ -63,33 +63,53 @@ def draw_grasps(
     return out
 
 
+#: Captions' font and size: Hershey Duplex at 0.6 draws letters about 13 px tall, read at
+#: 100% without zooming (Simplex at 0.4, about 9 px of one-pixel strokes, could not be).
+CAPTION_FONT, CAPTION_SCALE = cv2.FONT_HERSHEY_DUPLEX, 0.6
+
+
 def label_image(img: np.ndarray, text: str) -> np.ndarray:
     """Copy of ``img`` with a caption bar on top."""
     h, w = img.shape[:2]
-    bar = np.full((18, w, 3), 255, dtype=np.uint8)
-    cv2.putText(bar, text, (3, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
+    bar_h = int(round(44 * CAPTION_SCALE))
+    bar = np.full((bar_h, w, 3), 255, dtype=np.uint8)
+    cv2.putText(bar, text, (4, bar_h - int(round(12 * CAPTION_SCALE))), CAPTION_FONT, CAPTION_SCALE, (0, 0, 0), 1,
+                cv2.LINE_AA)
     return np.concatenate([bar, img], axis=0)
 
 
-def panel(rows: Sequence[Sequence[np.ndarray]], pad: int = 4) -> np.ndarray:
-    """Tile images (all RGB uint8, resized to the first one's size) into a grid."""
-    first = rows[0][0]
-    h, w = first.shape[:2]
-    ncol = max(len(r) for r in rows)
-    out = np.full((len(rows) * (h + pad) + pad, ncol * (w + pad) + pad, 3), 255, dtype=np.uint8)
+def panel(rows: Sequence[Sequence[np.ndarray]], pad: int = 4,
+          labels: Sequence[Sequence[str]] | None = None) -> np.ndarray:
+    """Tile images (all RGB uint8) into a grid, each resized to the largest tile's size.
+
+    ``labels`` (the same shape as ``rows``): a caption bar put on each tile after it is
+    resized, so every caption is drawn at its readable size (one drawn on a small tile
+    and scaled up blurs; one on a large tile scaled down shrinks out of reading).
+    """
+    h, w = max((im.shape[:2] for row in rows for im in row), key=lambda s: s[0] * s[1])
+    tiles = []
     for i, row in enumerate(rows):
+        out_row = []
         for j, im in enumerate(row):
             if im.shape[:2] != (h, w):
-                im = cv2.resize(im, (w, h), interpolation=cv2.INTER_AREA)
-            y, x = pad + i * (h + pad), pad + j * (w + pad)
-            out[y : y + h, x : x + w] = im
+                shrink = im.shape[0] > h
+                im = cv2.resize(im, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+            out_row.append(label_image(im, labels[i][j]) if labels is not None else im)
+        tiles.append(out_row)
+    th, tw = tiles[0][0].shape[:2]
+    ncol = max(len(r) for r in tiles)
+    out = np.full((len(tiles) * (th + pad) + pad, ncol * (tw + pad) + pad, 3), 255, dtype=np.uint8)
+    for i, row in enumerate(tiles):
+        for j, im in enumerate(row):
+            y, x = pad + i * (th + pad), pad + j * (tw + pad)
+            out[y : y + th, x : x + tw] = im
     return out
 
 
-def caption_image(img: np.ndarray, text: str, scale: float = 0.45) -> np.ndarray:
+def caption_image(img: np.ndarray, text: str, scale: float = CAPTION_SCALE) -> np.ndarray:
     """Copy of ``img`` with ``text`` word-wrapped in a white bar below it (a figure's legend)."""
     h, w = img.shape[:2]
-    font, line_h = cv2.FONT_HERSHEY_SIMPLEX, int(round(40 * scale))
+    font, line_h = CAPTION_FONT, int(round(40 * scale))
     lines, cur = [], ""
     for word in text.split():
         trial = f"{cur} {word}".strip()

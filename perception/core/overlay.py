@@ -26,8 +26,7 @@ def draw_decoded(raw_rgb: np.ndarray, decoded: DecodedGrasp, calib: Calibration)
     cv2.polylines(img, [np.round(ws).astype(np.int32).reshape(-1, 1, 2)], True, (60, 120, 255), 1, cv2.LINE_AA)
     g = decoded.grasp
     if g is None:
-        cv2.putText(img, (decoded.reason or "no grasp")[:90], (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.42,
-                    (255, 60, 60), 1, cv2.LINE_AA)
+        _text(img, (decoded.reason or "no grasp")[:90], (255, 60, 60))
         return img
     tips = project_points(g.fingertips(), cal)
     centre = project_points(np.asarray([g.position]), cal)[0]
@@ -38,8 +37,21 @@ def draw_decoded(raw_rgb: np.ndarray, decoded: DecodedGrasp, calib: Calibration)
     cv2.drawMarker(img, tuple(int(round(v)) for v in centre), (255, 255, 0), cv2.MARKER_CROSS, 10, 1, cv2.LINE_AA)
     text = (f"q={g.quality:.2f} x={g.position[0]:.3f} y={g.position[1]:.3f} z={g.position[2]:.3f} "
             f"yaw={np.degrees(g.yaw):.0f}deg w={100 * g.width:.1f}cm")
-    cv2.putText(img, text, (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (255, 255, 0), 1, cv2.LINE_AA)
+    _text(img, text, (255, 255, 0))
     return img
+
+
+def _text(img: np.ndarray, text: str, color: tuple[int, int, int]) -> None:
+    """``text`` at the top left on a darkened band, so it reads on any floor; its size grows
+    with the frame (0.42 fills a 320 px frame's width with a grasp's line, 0.6 at 640 px).
+    (Not a thick black copy beneath: Hershey glyphs advance with their thickness, so the
+    two copies drift apart along the line.)"""
+    font, scale = cv2.FONT_HERSHEY_SIMPLEX, float(np.clip(0.42 * img.shape[1] / 320, 0.42, 0.6))
+    (tw, th), base = cv2.getTextSize(text, font, scale, 1)
+    x, y = 8, int(round(20 * scale / 0.42))
+    band = img[max(y - th - 4, 0):y + base + 2, max(x - 4, 0):x + tw + 4]
+    band[:] = (band * 0.35).astype(img.dtype)
+    cv2.putText(img, text, (x, y), font, scale, color, 1, cv2.LINE_AA)
 
 
 def contact_sheet(images: list[np.ndarray], columns: int = 8, thumb_width: int = 160) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration
-from perception.core.draw import SUCCESS_COLOR, caption_image, draw_grasp, label_image, panel
+from perception.core.draw import SUCCESS_COLOR, caption_image, draw_grasp, panel
 from perception.core.jsonio import write_json
 from perception.core.overlay import draw_decoded
 
@@ -85,7 +85,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
     sim_rows, view_rows = [], []
     for i in range(n):
         raw = ds[i]["rgb"]
-        sim_rows.append(label_image(draw_decoded(raw, policy(raw), calib), f"sim #{i}"))
+        sim_rows.append((draw_decoded(raw, policy(raw), calib), f"sim #{i}"))
         view = runner.preprocess(raw)
         shown = translator(view) if translator is not None else view
         maps = runner.infer_view(shown)
@@ -94,15 +94,16 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
         img = np.ascontiguousarray(shown).copy()
         if dec.view_pixel is not None and dec.view_angle is not None:
             draw_grasp(img, dec.view_pixel, dec.view_angle, 0.15 * img.shape[1], SUCCESS_COLOR, 1)
-        view_rows.append(label_image(img, "adapted view" if translator is not None else "sim view"))
+        view_rows.append((img, "adapted view" if translator is not None else "sim view"))
     real_rows = []
     for path in list_real_frames(real_dir)[:PANEL_FRAMES]:
         raw = read_rgb(path)
-        real_rows.append(label_image(draw_decoded(raw, policy(raw), calib), path.name[:24]))
+        real_rows.append((draw_decoded(raw, policy(raw), calib), path.name[:24]))
     rows = [r for r in (sim_rows, view_rows, real_rows) if r]
     if not rows:
         return None
-    return save_png(out / "report_panels.png", caption_image(panel(rows), PANEL_CAPTION))
+    grid = panel([[im for im, _ in r] for r in rows], labels=[[text for _, text in r] for r in rows])
+    return save_png(out / "report_panels.png", caption_image(grid, PANEL_CAPTION))
 
 
 def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, translator: Any,

@@ -53,3 +53,17 @@ def test_the_plot_and_the_panel_caption_are_drawn(tmp_path):
     out = caption_image(src, "Rows: 1 sim frames; 2 the view; 3 real frames. Green: fingertip line; red: why not.")
     assert out.shape[1] == 200 and out.shape[0] > 60 + 2 * 12  # wrapped onto more than one line
     assert (out[60:] < 128).any() and (out[:60] == 0).all()
+
+
+def test_captions_are_tall_enough_to_read_at_full_size():
+    """A capital and a descender span at least 15 px (the old captions spanned 11 and 12: too small at 100%)."""
+    from perception.core.draw import label_image
+
+    def ink_rows(strip: np.ndarray) -> int:
+        rows = np.where((strip < 128).any(axis=(1, 2)))[0]
+        return int(rows.max() - rows.min() + 1) if rows.size else 0
+
+    labelled = label_image(np.full((120, 160, 3), 255, np.uint8), "Ag sim #0")
+    assert ink_rows(labelled[: labelled.shape[0] - 120]) >= 15
+    legend = caption_image(np.full((10, 400, 3), 255, np.uint8), "Ag")
+    assert ink_rows(legend[10:]) >= 15
