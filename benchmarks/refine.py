@@ -105,6 +105,7 @@ def fit_cell(args: tuple[dict, int, int, str]) -> dict:
     fit = pose_change(true.T_base_camera, res.T_base_camera)
     return {**draw, "before_mm": before[0] * 1e3, "before_deg": before[1], "fit_mm": fit[0] * 1e3, "fit_deg": fit[1],
             "fit_height": res.wall_height, "fit_thickness": res.wall_thickness, "evidence": res.evidence,
+            "fit_T_base_camera": res.T_base_camera.tolist(),
             "seconds": time.perf_counter() - t0}
 
 

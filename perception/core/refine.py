@@ -119,6 +119,7 @@ class AcceptSettings:
     min_correction_mm: float
     min_correction_deg: float
     max_rival_share: float
+    max_sigma_mm: float
     max_halves_mm: float
     max_halves_deg: float
     min_gain: float
@@ -711,6 +712,9 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
     if e["rival_share"] > acc.max_rival_share:
         return False, (f"the walls allow two poses: a fit elsewhere explains {100 * e['rival_share']:.1f}% as much "
                        f"edge (more than {100 * acc.max_rival_share:.1f}%)")
+    if e["sigma_mm"] > acc.max_sigma_mm:
+        return False, (f"the walls leave the camera loose: {e['sigma_mm']:.1f} mm of uncertainty along the direction "
+                       f"in which it can turn and move at once (over {acc.max_sigma_mm} mm)")
     if e["halves_mm"] > acc.max_halves_mm or e["halves_deg"] > acc.max_halves_deg:
         return False, (f"the fit is not repeatable: the two halves of the frames put the camera "
                        f"{e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg apart (over {acc.max_halves_mm} mm / "

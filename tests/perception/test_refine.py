@@ -67,6 +67,7 @@ STRONG = {"contrast": 2.0, "contrast_before": 1.2, "correction_mm": 6.0, "correc
     ({"correction_deg": 2.5}, "recalibrate"),
     ({"correction_mm": 0.5, "correction_deg": 0.02}, "already fits"),
     ({"rival_share": 0.999}, "two poses"),
+    ({"sigma_mm": 40.0}, "loose"),
     ({"halves_mm": 9.0}, "not repeatable"),
     ({"halves_deg": 0.9}, "not repeatable"),
     ({"explained_given": 29.99}, "little more edge"),
