@@ -311,9 +311,16 @@ def _serve(args: argparse.Namespace, artifact, calib: Calibration, threads: int,
     cmd = [sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
            f"calibration={args.calibration or default_calibration_path()}", f"port={port}", f"threads={threads}",
            f"precision={precision}", "log_level=warning"]
+    with _service(cmd) as proc:
+        return _time_service(proc, f"http://127.0.0.1:{port}", port, frames, fmts, args, calib if loads else None)
+
+
+@contextlib.contextmanager
+def _service(cmd: list[str]):
+    """``sim2real-serve`` as a child process, stopped with SIGTERM (killed after 30 s) on the way out."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        return _time_service(proc, f"http://127.0.0.1:{port}", port, frames, fmts, args, calib if loads else None)
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -454,11 +461,9 @@ def measure_uploads(args: argparse.Namespace, counts: list[int]) -> list[dict]:
                                                        angle_bins=12, conv_channels=16)
         for count in counts:
             port = free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
-                                     f"calibration={args.calibration or default_calibration_path()}", f"port={port}",
-                                     "log_level=warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, cwd=ROOT)
-            try:
+            cmd = [sys.executable, "-m", "perception.robot.service", f"artifact={artifact}",
+                   f"calibration={args.calibration or default_calibration_path()}", f"port={port}", "log_level=warning"]
+            with _service(cmd) as proc:
                 url = f"http://127.0.0.1:{port}"
                 wait_until_healthy(url, proc, timeout=60)
                 with httpx.Client(timeout=30) as c:
@@ -466,19 +471,12 @@ def measure_uploads(args: argparse.Namespace, counts: list[int]) -> list[dict]:
                         c.post(url + "/v1/grasp", content=png, headers={"Content-Type": "image/png"})
                 idle = resident_memory_bytes(proc.pid)
                 statuses: list[int | None] = []
-
                 workers = [threading.Thread(target=_upload, args=(port, body, statuses)) for _ in range(count)]
                 for w in workers:
                     w.start()
                 for w in workers:
                     w.join(120)
                 peak_kb = status_kb(proc.pid, "VmHWM")
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
             codes = {str(k): statuses.count(k) for k in sorted(set(statuses), key=str)}
             rows.append({"uploads": count, "body_mib": round(len(body) / 2**20, 2), "idle_mb": round(idle / 2**20, 1),
                          "peak_mb": round(peak_kb / 1024, 1),

@@ -81,10 +81,7 @@ class RefineSettings:
     @classmethod
     def from_config(cls, fit: Any) -> RefineSettings:
         """From the config's ``fit`` block (a mapping); unknown or missing keys are refused."""
-        fit = dict(fit)
-        names = {f.name for f in fields(cls)}
-        if set(fit) != names:
-            raise RefineError(f"fit settings: unknown {sorted(set(fit) - names)}, missing {sorted(names - set(fit))}")
+        fit = _exact_keys(cls, fit, "fit")
         st = cls(**{k: tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for k, v in fit.items()})
         if st.height_range[0] <= 0 or st.height_range[1] > 0.06 or st.height_range[0] > st.height_range[1]:
             raise RefineError("fit.height_range must lie within (0, 0.06] m (the contract bounds the walls)")
@@ -100,6 +97,14 @@ class RefineSettings:
     def defaults(cls, **changes: Any) -> RefineSettings:
         """The packaged ``conf/calibrate_refine.yaml`` settings, with ``changes``."""
         return cls.from_config({**_packaged("fit"), **changes})
+
+
+def _exact_keys(cls: type, block: Any, name: str) -> dict:
+    """``block`` as a dict holding exactly ``cls``'s fields; otherwise a RefineError naming the rest."""
+    block, names = dict(block), {f.name for f in fields(cls)}
+    if set(block) != names:
+        raise RefineError(f"{name} settings: unknown {sorted(set(block) - names)}, missing {sorted(names - set(block))}")
+    return block
 
 
 def _packaged(block: str) -> dict:
@@ -127,11 +132,7 @@ class AcceptSettings:
     @classmethod
     def from_config(cls, block: Any) -> AcceptSettings:
         """From the config's ``accept`` block (a mapping); unknown or missing keys are refused."""
-        block = dict(block)
-        names = {f.name for f in fields(cls)}
-        if set(block) != names:
-            raise RefineError(f"accept settings: unknown {sorted(set(block) - names)}, "
-                              f"missing {sorted(names - set(block))}")
+        block = _exact_keys(cls, block, "accept")
         bad = [k for k, v in block.items() if not (isinstance(v, (int, float)) and v >= 0)]
         if bad:
             raise RefineError(f"accept settings must be numbers >= 0: {bad}")
@@ -640,7 +641,7 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
     contrast, names = final(T, float(x[6]), float(x[7]), detail=True)
     before = final(T0, float(x[6]), float(x[7]))
     shift, angle = pose_change(T0, T)
-    record = _evidence(frames, calib, st, acc, T0, fits, scores, best, explained(T0, x[6], x[7]))
+    record = _evidence(frames, blurred[-1], calib, st, acc, T0, fits, scores, best, explained(T0, x[6], x[7]))
     record.update(contrast=float(contrast), contrast_before=float(before), correction_mm=shift * 1e3,
                   correction_deg=angle)
     accepted, reason = decide(record, st, acc)
@@ -648,7 +649,7 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
                         T_given=T0, accepted=accepted, reason=reason, evidence=record)
 
 
-def _evidence(frames: list[np.ndarray], calib: Calibration, st: RefineSettings, acc: AcceptSettings,
+def _evidence(frames: list[np.ndarray], sharp: np.ndarray, calib: Calibration, st: RefineSettings, acc: AcceptSettings,
               T0: np.ndarray, fits: list[np.ndarray], scores: list[float], best: int,
               explained_given: float) -> dict:
     """What :func:`decide` weighs, as plain numbers (units in the keys; a report keeps them)."""
@@ -658,7 +659,6 @@ def _evidence(frames: list[np.ndarray], calib: Calibration, st: RefineSettings, 
     rivals = [s for y, s in zip(fits, scores)
               if _apart(pose_change(perturb(T0, y[:6]), T), acc)]
     agree = sum(not _apart(pose_change(perturb(T0, y[:6]), T), acc) for y in fits)
-    sharp = _smoothed(edge_evidence(frames, calib, st.clip_percentile), st.scales_px[-1])
     sigma_m, sigma_deg = _pose_sigma(sharp, calib, T0, x, st)
     # The same last step on each half of the frames, from the answer: how far noise moves it.
     lim = np.array([math.radians(st.search_deg)] * 3 + [st.max_shift_m * 1.5] * 3)
