@@ -2,7 +2,7 @@
 keeps the calibration as given, or writes a pose farther from the truth.
 
     .venv/bin/python benchmarks/refine.py [--cells 64] [--frames 10] [--seed 0] [--workers 2]
-        [--out outputs/bench_refine] [--look natural|target] [--replay]
+        [--out outputs/bench_refine] [--look natural|target] [--measured-walls] [--replay]
     .venv/bin/python benchmarks/refine.py --cell DIR [--cell DIR ...]
 
 Each cell draws a wall height (20-60 mm, the contract's range) and thickness (3-30 mm)
@@ -12,6 +12,11 @@ shadows, one lamp and look for the whole cell, 2-4 parts in the bin changing bet
 frames (``sim_render.api.render_cell_frames``). An error is injected in random
 directions into the calibration handed to the fit: 0-20 mm and 0-1 degree drawn
 uniformly, except every eighth cell, whose calibration is right (0-2 mm, 0-0.1 degree).
+
+``--measured-walls`` hands the fit the walls' height and thickness as a user with a ruler
+would (``fit.wall_height`` and ``fit.wall_thickness``): each reading off the truth by up to
+MEASURE_MM (uniform, the cell's own stream), searched within ``fit.wall_tolerance``. Its fits
+go to their own file (``..._walls.jsonl``), so the same cells can be compared with and without.
 
 A cell ends as one of:
 - recovered: the camera centre written is at most half as far from the truth as the
@@ -64,6 +69,8 @@ RIGHT_EVERY, RIGHT_MM, RIGHT_DEG = 8, 2.0, 0.1
 MAX_MM, MAX_DEG = 20.0, 1.0
 #: A written pose may turn this much further from the truth than the given one and not be wrong.
 ANGLE_SLACK_DEG = 0.1
+#: ``--measured-walls``: a ruler's reading of the walls is off by up to this much (mm).
+MEASURE_MM = 1.0
 
 
 def _unit(rng: np.random.Generator) -> np.ndarray:
@@ -83,7 +90,20 @@ def draw_cell(seed: int, cell: int) -> dict:
     }
 
 
-def fit_cell(args: tuple[dict, int, int, str]) -> dict:
+def measured_walls(seed: int, draw: dict) -> dict:
+    """The walls as a user measured them: the truth off by up to MEASURE_MM each (a stream of
+    the cell's own, apart from ``draw_cell``'s, so the cells stay those of the unmeasured run)."""
+    rng = np.random.default_rng([seed, draw["cell"], 1])
+    off = rng.uniform(-MEASURE_MM, MEASURE_MM, size=2) * 1e-3
+    return {"wall_height": float(draw["height"] + off[0]), "wall_thickness": float(max(draw["thickness"] + off[1], 0.0))}
+
+
+def settings(seed: int, draw: dict, measured: bool) -> RefineSettings:
+    """The fit's settings for a cell: the packaged ones, with the measured walls if asked."""
+    return RefineSettings.defaults(**measured_walls(seed, draw)) if measured else RefineSettings.defaults()
+
+
+def fit_cell(args: tuple[dict, int, int, str, bool]) -> dict:
     """Render one cell, fit it, return everything the table and a replay need."""
     import cv2
 
@@ -92,7 +112,7 @@ def fit_cell(args: tuple[dict, int, int, str]) -> dict:
     from sim_render.api import render_cell_frames
 
     cv2.setNumThreads(1)
-    draw, frames_n, seed, look = args
+    draw, frames_n, seed, look, measured = args
     true = Calibration.load(default_calibration_path())
     given = true.replace(T_base_camera=perturb(true.T_base_camera, np.asarray(draw["x"])))
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,18 +120,18 @@ def fit_cell(args: tuple[dict, int, int, str]) -> dict:
                                     seed=seed * 1000 + draw["cell"], natural_surfaces=look == "natural")
         frames = [read_image(p) for p in sorted(Path(folder).glob("*.png"))]
     t0 = time.perf_counter()
-    res = refine_pose(frames, given)
+    res = refine_pose(frames, given, settings(seed, draw, measured))
     before = pose_change(true.T_base_camera, given.T_base_camera)
     fit = pose_change(true.T_base_camera, res.T_base_camera)
     return {**draw, "before_mm": before[0] * 1e3, "before_deg": before[1], "fit_mm": fit[0] * 1e3, "fit_deg": fit[1],
             "fit_height": res.wall_height, "fit_thickness": res.wall_thickness, "evidence": res.evidence,
-            "fit_T_base_camera": res.T_base_camera.tolist(),
+            "fit_T_base_camera": res.T_base_camera.tolist(), "measured": measured,
             "seconds": time.perf_counter() - t0}
 
 
 def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[str, str]:
     """(outcome, the decision's reason) of a stored fit under the current rule."""
-    accepted, reason = decide(rec["evidence"], st, acc)
+    accepted, reason = decide(rec["evidence"], st, acc)  # the contrast and correction limits: the same with measured walls
     if not accepted:
         return "kept", reason
     if rec["fit_mm"] > rec["before_mm"] or rec["fit_deg"] > rec["before_deg"] + ANGLE_SLACK_DEG:
@@ -251,6 +271,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--look", choices=("natural", "target"), default="natural")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_refine"))
+    ap.add_argument("--measured-walls", action="store_true",
+                    help="give the fit the walls' height and thickness, each read within 1 mm of the truth")
     ap.add_argument("--replay", action="store_true", help="judge the stored fits again; fit nothing")
     ap.add_argument("--cell", type=Path, action="append", default=[], metavar="DIR",
                     help="a labelled cell's folder (repeatable): refine there, walls against the true wall pixels")
@@ -263,7 +285,7 @@ def main() -> int:
         print(json.dumps({"cells": cells}))
         return 0
     st, acc = RefineSettings.defaults(), AcceptSettings.defaults()
-    path = args.out / f"{args.look}_seed{args.seed}_f{args.frames}.jsonl"
+    path = args.out / f"{args.look}_seed{args.seed}_f{args.frames}{'_walls' if args.measured_walls else ''}.jsonl"
     done = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -280,7 +302,7 @@ def main() -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         print(f"fitting {len(todo)} cells ({len(done)} stored in {path}) on {args.workers} worker(s)", file=sys.stderr)
         with ProcessPoolExecutor(max_workers=args.workers) as pool, path.open("a") as fh:
-            jobs = [(d, args.frames, args.seed, args.look) for d in todo]
+            jobs = [(d, args.frames, args.seed, args.look, args.measured_walls) for d in todo]
             for k, rec in enumerate(pool.map(fit_cell, jobs), 1):
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()  # a line a cell: a stopped run loses at most the cells in flight

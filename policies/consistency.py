@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from perception.core.progress import progress
 from policies.networks import GraspNet
 
 __all__ = ["task_disagreement", "consistency_finetune"]
@@ -107,6 +108,7 @@ def consistency_finetune(
     hist: list[float] = []
     anchor_hist: list[float] = []
     step = 0
+    bar = progress(total=int(steps), desc="task consistency", unit="step")
     try:
         while step < steps:
             progressed = False
@@ -125,12 +127,14 @@ def consistency_finetune(
                 anchor_hist.append(anc.item())
                 step += 1
                 progressed = True
+                bar.update(1)
                 if step >= steps or (max_time_s is not None and time.perf_counter() - t0 > max_time_s):
                     steps = step
                     break
             if not progressed:
                 raise ValueError("consistency_finetune got no sim frames")
     finally:
+        bar.close()
         for p in net.parameters():
             p.requires_grad_(True)
         net.train(net_mode)

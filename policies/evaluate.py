@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 from perception.core.calibration import Calibration
 from perception.core.decode import DecodedGrasp
 from perception.core.jsonio import write_json
+from perception.core.progress import progress
 from policies.eval_adapters import EvalPolicy, OnnxPolicy
 from policies.eval_brackets import (
     EvalContext,
@@ -258,6 +259,11 @@ def evaluate(
     t0 = time.perf_counter()
     episodes = []
     truncated = False
+    name = getattr(policy, "name", "policy")
+    # A bar at a terminal, a line every few percent of the episodes in a log (one line per
+    # episode was most of a budget=small log once the bars were gone); each episode's record
+    # is in the result (keep_episodes) and, for the curious, at DEBUG.
+    bar = progress(total=int(n_episodes), desc=f"eval {domain} {name}", unit="episode")
     try:
         run = _Episodes(policy, renderer, cfg, max_attempts_per_object, no_grasp, camera_calibration)
         for e in range(episode_offset, episode_offset + int(n_episodes)):
@@ -266,9 +272,14 @@ def evaluate(
                 break
             ep = run.episode(e)
             episodes.append(ep)
-            log.info("%s %s episode %d: %d/%d attempts succeeded, %d/%d objects cleared", domain,
-                     getattr(policy, "name", "policy"), e, ep["successes"], ep["attempts"], ep["cleared"], ep["objects"])
+            log.debug("%s %s episode %d: %d/%d attempts succeeded, %d/%d objects cleared", domain, name, e,
+                      ep["successes"], ep["attempts"], ep["cleared"], ep["objects"])
+            t = run.totals
+            bar.set_postfix_str(f"{t['successes']}/{t['attempts']} attempts succeeded, "
+                                f"{t['cleared']}/{t['objects']} objects cleared")
+            bar.update(1)
     finally:
+        bar.close()
         renderer.close()
     totals, reasons = run.totals, run.reasons
     n, k = totals["attempts"], totals["successes"]
@@ -463,6 +474,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     # Hydra has configured the root logger already (basicConfig would do nothing): set its level.
     logging.getLogger().setLevel(logging.INFO if cfg.verbose else logging.WARNING)
+    if cfg.verbose:  # the episode log too: a line per episode, kept at DEBUG out of the pipeline's log
+        log.setLevel(logging.DEBUG)
     if not cfg.artifact:
         # A bare command would run the reference policies for a minute and write ./eval.json.
         given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}

@@ -310,8 +310,10 @@ def _trainer(full: DictConfig, pcfg: DictConfig, out: Path, resume: Path | None,
     )
     max_time = datetime.timedelta(seconds=float(pcfg.max_time_s)) if pcfg.get("max_time_s") else None
     # A trainer group (conf/trainer/*.yaml, e.g. trainer=ddp) wins over the policy's device keys.
+    # Progress on, as the trainer groups have it: a bar at a terminal, a line every few percent
+    # in a log (trainer_progress); off, the pipeline's longest stage said nothing for minutes.
     tkw: dict[str, Any] = {"accelerator": str(pcfg.accelerator), "devices": pcfg.devices,
-                           "precision": pcfg.precision, "enable_progress_bar": False, "deterministic": False}
+                           "precision": pcfg.precision, "enable_progress_bar": True, "deterministic": False}
     if full.get("trainer"):
         tkw.update(OmegaConf.to_container(full.trainer, resolve=True))
     tkw["enable_progress_bar"], progress_cbs = trainer_progress("policy", bool(tkw["enable_progress_bar"]))

@@ -302,6 +302,7 @@ def _write_finished(out_dir: Path, k: int, done: dict[int, list[FrameRecord]], e
     # Scene order, not completion order: the bytes must not depend on workers.
     ordered = [f for s in sorted(done) for f in done[s]]
     write_shard(out_dir / "shards" / f"{shard_name(k)}.npz", ordered, shard_meta)
+    # A line per shard: which process of a launcher wrote which shard (tests/scaling reads it).
     log.info("wrote %s (scenes %d..%d)", shard_name(k), lo, hi - 1)
 
 
@@ -336,7 +337,7 @@ def render_shards(
             manifest (so it must not hold timestamps or worker counts).
         workers: rendering processes (1 = render in this process).
         shard_range: ``(a, b)``: render only shards ``a .. b-1`` (launchers fanning out).
-        progress: show a tqdm bar counting scenes.
+        progress: report the scenes rendered (a bar at a terminal, a line every few percent otherwise).
         on_checked: called once the folder passed every check, before anything is rendered.
 
     Returns:
@@ -379,10 +380,11 @@ def render_shards(
         for i, frames in results:
             k = i // scenes_per_shard
             pending[k][i] = frames
-            bar.update(1)
             if len(pending[k]) == len(scenes_of(k)):
                 _write_finished(out_dir, k, pending.pop(k), expected)
                 rendered.append(shard_name(k))
+                bar.set_postfix_str(f"{len(reused) + len(rendered)}/{b - a} shards written")
+            bar.update(1)
 
     outside = [k for k in range(n_shards) if not a <= k < b]
     missing = [shard_name(k) for k in outside if not _shard_ready(out_dir, k, expected, full_check=False)]

@@ -4,8 +4,8 @@ A tqdm bar redraws itself several times a second; on a terminal that is one line
 file (a job run without a terminal, CI, ``nohup``) every redraw is kept, and a
 ``budget=small`` pipeline's log was 515 KB, nearly all of it bar refreshes. So a bar is
 drawn only when the stream is a terminal; otherwise :class:`PercentLog` writes one line
-every :data:`LINE_EVERY_PERCENT` percent and one at the end. The trainers get the same
-through :func:`adaptation.progress.trainer_progress`.
+each time the work crosses another :func:`line_every_percent` percent, and one at the end.
+The trainers get the same through :func:`adaptation.progress.trainer_progress`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,20 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-__all__ = ["LINE_EVERY_PERCENT", "interactive", "PercentLog", "progress"]
-
-#: Without a terminal, a progress line every this many percent of the work.
-LINE_EVERY_PERCENT = 10
+__all__ = ["interactive", "line_every_percent", "PercentLog", "progress"]
 
 log = logging.getLogger("sim2real.progress")
+
+
+def line_every_percent() -> float:
+    """``conf/progress.yaml``'s ``line_every_percent``: without a terminal, a progress line
+    every this many percent of the work (its one source; a value outside (0, 100] raises)."""
+    from conf import config_default  # here, not at the top: the robot floor imports this module too
+
+    every = float(config_default("progress.yaml", "line_every_percent"))
+    if not 0 < every <= 100:
+        raise ValueError(f"conf/progress.yaml: line_every_percent must be in (0, 100], got {every}")
+    return every
 
 
 def interactive(stream: IO | None = None) -> bool:
@@ -33,45 +41,55 @@ def interactive(stream: IO | None = None) -> bool:
         return False
 
 
+def next_threshold(done: float, total: float, every: float) -> float:
+    """The first multiple of ``every`` percent of ``total`` past ``done`` (several crossed by
+    one update give one line, not one each); ``inf`` without a ``total``."""
+    if not total or total <= 0:
+        return float("inf")
+    step = total * every / 100.0
+    return (int(done / step) + 1) * step
+
+
 class PercentLog:
     """The part of tqdm's interface the project uses, writing a line every ``every`` percent.
 
     ``update(n)`` counts; a line goes out when the count crosses the next multiple of
-    ``every`` percent of ``total`` (several crossed at once make one line), and one at
-    :meth:`close` with the count and the time taken. Without a ``total`` only the closing
-    line is written.
+    ``every`` percent of ``total``, and one at :meth:`close` with the count and the time
+    taken. Without a ``total`` only the closing line is written. :meth:`set_postfix_str`
+    adds a running summary to the lines (a tqdm bar shows it after the bar).
     """
 
     def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "",
-                 unit: str = "it", initial: int = 0, every: float = LINE_EVERY_PERCENT,
+                 unit: str = "it", initial: int = 0, every: float | None = None,
                  stream: IO | None = None) -> None:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc or "progress", unit
-        self.n, self.every, self.stream = int(initial), float(every), stream
+        self.n, self.stream = int(initial), stream
+        self.every = line_every_percent() if every is None else float(every)
+        self.postfix = ""
         self.t0 = time.monotonic()
-        self._next = self._threshold_after(self.n)
+        self._next = next_threshold(self.n, self.total or 0, self.every)
         self._closed = False
 
-    def _threshold_after(self, n: int) -> float:
-        if not self.total:
-            return float("inf")
-        step = self.total * self.every / 100.0
-        return (int(n / step) + 1) * step
-
     def _line(self, text: str) -> None:
+        text = f"{text}, {self.postfix}" if self.postfix else text
         if self.stream is not None:
             print(text, file=self.stream, flush=True)
         else:
             log.info("%s", text)
 
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        """Shown in the next line (tqdm's signature; ``refresh`` has nothing to redraw here)."""
+        self.postfix = s
+
     def update(self, n: int = 1) -> None:
         self.n += n
-        if self.n >= self._next and self.total and self.n < self.total:
+        if self.n >= self._next and self.total and self.n < self.total:  # the end has its own line
             pct = 100.0 * self.n / self.total
             self._line(f"{self.desc}: {self.n}/{self.total} {self.unit} ({pct:.0f}%, "
                        f"{time.monotonic() - self.t0:.0f} s)")
-            self._next = self._threshold_after(self.n)
+            self._next = next_threshold(self.n, self.total, self.every)
 
     def close(self) -> None:
         if self._closed:
@@ -102,10 +120,11 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     """A tqdm bar on a terminal, a :class:`PercentLog` otherwise (``disable``: neither).
 
     ``stream``: where the terminal's bar goes and what is tested for a terminal (default
-    stderr); the lines of a :class:`PercentLog` go to it when given, else to the log.
+    stderr); the lines of a :class:`PercentLog` go to it when given, else to the log
+    (``sim2real.progress``, so they carry the log's time stamps).
     """
     if disable:
-        return iterable if iterable is not None else PercentLog(total=0, stream=_nowhere())
+        return iterable if iterable is not None else PercentLog(total=0, stream=_Nowhere())
     if interactive(stream):
         from tqdm import tqdm
 
@@ -115,12 +134,10 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
 
 
 class _Nowhere:
+    """A stream that drops what is written: a disabled :func:`progress` still takes updates."""
+
     def write(self, _text: str) -> int:
         return 0
 
     def flush(self) -> None:
         pass
-
-
-def _nowhere() -> _Nowhere:
-    return _Nowhere()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -77,16 +77,40 @@ class RefineSettings:
     max_shift_m: float
     max_rotation_deg: float
     prior_weight: float
+    wall_height: float | None
+    wall_thickness: float | None
+    wall_tolerance: float
 
     @classmethod
     def from_config(cls, fit: Any) -> RefineSettings:
-        """From the config's ``fit`` block (a mapping); unknown or missing keys are refused."""
+        """From the config's ``fit`` block (a mapping); unknown or missing keys are refused.
+
+        A measured ``wall_height`` or ``wall_thickness`` narrows ``height_range`` or
+        ``thickness_range`` to the measurement +- ``wall_tolerance``: the fit's failures on
+        twin cells were almost all a wall height or thickness fitted far from the truth
+        (``docs/benchmarks.md``), and two ruler readings take that freedom away.
+        """
         fit = _exact_keys(cls, fit, "fit")
         st = cls(**{k: tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for k, v in fit.items()})
         if st.height_range[0] <= 0 or st.height_range[1] > 0.06 or st.height_range[0] > st.height_range[1]:
             raise RefineError("fit.height_range must lie within (0, 0.06] m (the contract bounds the walls)")
         if not (0 <= st.thickness_range[0] <= st.thickness_range[1]):
             raise RefineError("fit.thickness_range must be [min, max] with 0 <= min <= max")
+        if not (isinstance(st.wall_tolerance, (int, float)) and 0 <= st.wall_tolerance <= 0.01):
+            raise RefineError(f"fit.wall_tolerance must be within [0, 0.01] m, got {st.wall_tolerance!r}")
+        tol = float(st.wall_tolerance)
+        if st.wall_height is not None:
+            h = st.wall_height
+            if not (isinstance(h, (int, float)) and 0 < h <= 0.06):
+                raise RefineError(f"fit.wall_height must be in metres within (0, 0.06] (the contract bounds the "
+                                  f"walls), got {h!r}; null: fitted within fit.height_range")
+            st = replace(st, height_range=(max(float(h) - tol, 1e-3), min(float(h) + tol, 0.06)))
+        if st.wall_thickness is not None:
+            t = st.wall_thickness
+            if not (isinstance(t, (int, float)) and 0 <= t <= 0.05):
+                raise RefineError(f"fit.wall_thickness must be in metres within [0, 0.05], got {t!r}; "
+                                  "null: fitted within fit.thickness_range")
+            st = replace(st, thickness_range=(max(float(t) - tol, 0.0), float(t) + tol))
         if st.max_frames < 1 or st.samples_per_edge < 8 or not st.scales_px:
             raise RefineError("fit.max_frames >= 1, fit.samples_per_edge >= 8 and one fit.scales_px at least")
         if not st.prior_weight >= 0:

@@ -78,6 +78,7 @@ def _csv_metric(out, key):
     return [float(r[key]) for r in rows if r.get(key)]
 
 
+@pytest.mark.slow  # about 15 s of training: the fast tier must stay under 10 minutes
 def test_content_loss_falls_on_a_tiny_overfit_run(adapt_dirs, tmp_path):
     # a generator that does not start as the identity, so the content loss starts high
     sim, real = adapt_dirs

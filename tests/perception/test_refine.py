@@ -38,6 +38,7 @@ def _frames(folder, size, n=3, seed=0):
     return folder
 
 
+@pytest.mark.slow  # about 20 s: a full fit: the fast tier must stay under 10 minutes
 def test_frames_without_walls_keep_the_calibration_as_given_and_say_why(tmp_path, calib_file, capsys):
     """No walls to fit is no evidence: the calibration is written unchanged (the README's
     next command still has its file), exit 0, the reason in the output and the report."""
@@ -94,7 +95,7 @@ def test_accept_settings_come_from_the_config_and_are_checked(tmp_path, calib_fi
     assert not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("case", ["wrong_size", "same_file", "no_frames", "bad_height"])
+@pytest.mark.parametrize("case", ["wrong_size", "same_file", "no_frames", "bad_height", "bad_wall"])
 def test_bad_input_is_a_message_and_exit_2(tmp_path, calib_file, capsys, case):
     out = tmp_path / "refined.json"
     args = {"calibration": calib_file, "real_dir": tmp_path / "frames", "out": out}
@@ -110,13 +111,15 @@ def test_bad_input_is_a_message_and_exit_2(tmp_path, calib_file, capsys, case):
         args["out"] = calib_file
     if case == "bad_height":
         extra = ["fit.height_range=[0.01,0.09]"]
+    if case == "bad_wall":  # millimetres where metres are asked
+        extra = ["fit.wall_height=45"]
     before = calib_file.read_bytes()
     with pytest.raises(SystemExit) as exc:
         main(["refine", *(f"{k}={v}" for k, v in args.items()), *extra])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert {"wrong_size": "320x240", "same_file": "overwrite", "no_frames": "no *.png",
-            "bad_height": "0.06"}[case] in err, err
+            "bad_height": "0.06", "bad_wall": "fit.wall_height must be in metres"}[case] in err, err
     assert calib_file.read_bytes() == before and not out.exists()
 
 
@@ -146,3 +149,18 @@ def test_settings_come_from_the_config_and_are_checked():
         RefineSettings.defaults(thickness_range=[0.02, 0.01])
     with pytest.raises(RefineError, match="prior_weight"):
         RefineSettings.defaults(prior_weight=-0.1)
+
+
+def test_measured_walls_narrow_the_search_to_the_reading():
+    """A ruler's reading of the walls replaces their search ranges by the reading +- the
+    tolerance (cut at the contract's 60 mm and at 0 thickness); nonsense is refused by name."""
+    st = RefineSettings.defaults()
+    assert st.wall_height is None and st.height_range == pytest.approx((0.01, 0.06))
+    measured = RefineSettings.defaults(wall_height=0.045, wall_thickness=0.001, wall_tolerance=0.002)
+    assert measured.height_range == pytest.approx((0.043, 0.047))
+    assert measured.thickness_range == pytest.approx((0.0, 0.003))
+    assert RefineSettings.defaults(wall_height=0.06).height_range == pytest.approx((0.058, 0.06))
+    for bad, key in (({"wall_height": 45}, "wall_height"), ({"wall_height": 0.0}, "wall_height"),
+                     ({"wall_thickness": -0.01}, "wall_thickness"), ({"wall_tolerance": 0.5}, "wall_tolerance")):
+        with pytest.raises(RefineError, match=key):
+            RefineSettings.defaults(**bad)

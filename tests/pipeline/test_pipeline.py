@@ -47,6 +47,7 @@ def tiny_run(tmp_path_factory) -> dict:
             "report": json.loads((out / "report.json").read_text())}
 
 
+@pytest.mark.slow  # the budget=tiny pipeline they share takes 2.5 minutes: the fast tier must stay under 10 minutes
 def test_pipeline_writes_the_report_and_artifact(tiny_run):
     out, rep = tiny_run["out"], tiny_run["report"]
     assert rep["budget"] == "tiny" and rep["adaptation"] == "cyclegan" and rep["real_dir"] == str(tiny_run["real"])
@@ -81,6 +82,7 @@ def test_pipeline_writes_the_report_and_artifact(tiny_run):
     assert "## Adaptation" in md and "| raw sim frames to real |" in md and "| object IoU |" in md
 
 
+@pytest.mark.slow  # the budget=tiny pipeline they share takes 2.5 minutes: the fast tier must stay under 10 minutes
 def test_artifact_runs_without_torch_and_matches_torch(tiny_run):
     """The artifact loads in a process where importing torch fails, and onnxruntime agrees
     with the stage's torch checkpoint within 1e-4 on real frames."""
@@ -109,6 +111,7 @@ def test_artifact_runs_without_torch_and_matches_torch(tiny_run):
     assert onnx_torch_max_diff(module.net, out / "artifact" / "policy.onnx", x, flip) < 1e-4
 
 
+@pytest.mark.slow  # the budget=tiny pipeline they share takes 2.5 minutes: the fast tier must stay under 10 minutes
 def test_service_answers_from_the_pipeline_artifact(tiny_run):
     """sim2real-serve on loopback with the contract's command line answers a frame."""
     import httpx
@@ -144,6 +147,7 @@ def test_service_answers_from_the_pipeline_artifact(tiny_run):
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow  # the budget=tiny pipeline they share takes 2.5 minutes: the fast tier must stay under 10 minutes
 def test_eval_cli_on_the_pipeline_artifact(tiny_run, tmp_path):
     out = tmp_path / "eval.json"
     _run("sim2real-eval", f"artifact={tiny_run['out'] / 'artifact'}", f"output={out}", "n_episodes=2", "seed=3",
@@ -178,6 +182,7 @@ def test_rerun_reuses_every_stage_and_task_consistency_builds_on_them(tiny_run):
     assert meta["training"]["global_step"] >= 1
 
 
+@pytest.mark.slow  # the budget=tiny pipeline they share takes 2.5 minutes: the fast tier must stay under 10 minutes
 def test_a_moved_output_folder_is_reused_from_its_new_place(tiny_run, tmp_path):
     """Stage results name files inside their stage folder; after the output folder is
     copied elsewhere a rerun reuses every stage and reads the copies, not the original."""

@@ -58,6 +58,7 @@ def small_base(tmp_path_factory):
     return root, res["policy"], res["geometry"]
 
 
+@pytest.mark.slow  # about 30 s: two renders and two trainings: the fast tier must stay under 10 minutes
 def test_a_base_trains_on_two_cameras_and_a_policy_starts_from_it(small_base, tmp_path):
     root, res, _ = small_base
     path = base_path(res["base"])

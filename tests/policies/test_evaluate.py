@@ -19,6 +19,7 @@ def test_wilson_interval():
     assert hi == pytest.approx(1.0) and 0.9 < lo < 0.92
 
 
+@pytest.mark.slow  # about 35 s of episodes: the fast tier must stay under 10 minutes
 def test_oracle_exceeds_90_percent(calib):
     """The cell can grasp: the labeller's best physics-verified candidate, executed in closed
     loop on held-out objects, succeeds on more than 90% of at least 40 seeded attempts."""
@@ -66,6 +67,22 @@ def test_pixel_policies_get_rendered_frames(calib):
     assert res["attempts"] == 0 and res["no_grasp"] == 2 and res["clearance"] == 0.0
     res = evaluate(_Recorder(), "randomized", calib, n_episodes=1, seed=0, render_scale=0.25, no_grasp="attempt")
     assert res["attempts"] == 2 * res["objects"] and res["successes"] == 0
+
+
+def test_without_a_terminal_the_episodes_are_a_few_progress_lines(calib, caplog):
+    """Not a line per episode (180 of them were most of a budget=small log once the bars were
+    gone): a line every few percent with the running tally, and one at the end."""
+    import logging
+
+    from perception.core.progress import line_every_percent
+
+    with caplog.at_level(logging.INFO):
+        evaluate(_Recorder(), "randomized", calib, n_episodes=20, seed=0, render_scale=0.25)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not any(r.name == "policies.evaluate" for r in caplog.records if r.levelno >= logging.INFO), lines
+    assert len(lines) <= 100 / line_every_percent() + 1, lines
+    assert lines[-1].startswith("eval randomized recorder: 20/20 episode done")
+    assert "0/0 attempts succeeded" in lines[-1] and "objects cleared" in lines[-1]  # the tally rides along
 
 
 def test_empty_bin_frames_hold_no_object_and_count_null_answers(calib):

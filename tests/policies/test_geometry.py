@@ -90,6 +90,7 @@ def test_geometry_frames_augment_and_the_loss_learns_a_known_target(rendered):
     assert last["height_loss"] < 0.5 * first["height_loss"] and last["object_loss"] < first["object_loss"]
 
 
+@pytest.mark.slow  # about 15 s: the fast tier must stay under 10 minutes
 def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floors(calib, tmp_path):
     """An artifact of the shipped base and geometry network, with the on-part gate, on 20 seeded
     empty-bin twin frames whose table, bin and floor all carry the natural-statistics textures.

@@ -162,6 +162,7 @@ def test_consistency_finetune_moves_the_generator_only(rendered, view):
     assert all(p.requires_grad for p in policy.parameters())
 
 
+@pytest.mark.slow  # about 30 s: a training command in a subprocess: the fast tier must stay under 10 minutes
 def test_train_cli_fast_dev_run(rendered, tmp_path):
     import subprocess
     import sys

@@ -35,6 +35,7 @@ def cell(tmp_path_factory):
     return true, frames, height, rng
 
 
+@pytest.mark.slow  # about 100 s: 10 frames rendered and fitted: the fast tier must stay under 10 minutes
 def test_refine_recovers_an_injected_camera_error(cell, tmp_path, capsys):
     true, frames, height, rng = cell
     x = np.r_[_unit(rng) * math.radians(0.3), _unit(rng) * 0.004]
