@@ -16,6 +16,12 @@
    ``gym``: ``pip install -e .[bench]``); agreement of the fast labelling settings
    with a slow reference setting on the same grasps.
 4. Label yield: scenes with at least one success, heuristic and random success rates.
+5. Distinct geometry frames per CPU-second (issue 36): the geometry path
+   (``policies/geometry_data.py``: a scene settled once, no grasps, rendered from the base's
+   four camera mounts with ``frames_per_mount`` looks each, turned into the network's
+   records) against the base's render (``sim2real-train-base``: 48 grasps executed, two
+   frames a scene, raw frames not yet turned into records), the same scenes, one process,
+   alternated scene by scene.
 """
 
 from __future__ import annotations
@@ -33,13 +39,16 @@ from typing import Any
 
 import numpy as np
 
-from perception.core.calibration import Calibration, default_calibration_path
-from sim_render.api import render_config, render_dataset
-from sim_render.camera import raw_getcamera_fps
-from sim_render.labels import label_grasps
-from sim_render.randomization import render_randomized
-from sim_render.scene import SceneRenderer, render_size
-from sim_render.sensor import as_plain
+# The repository's packages before this folder's scripts (benchmarks/adaptation.py is not the package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
+from sim_render.api import render_config, render_dataset  # noqa: E402
+from sim_render.camera import raw_getcamera_fps  # noqa: E402
+from sim_render.labels import label_grasps  # noqa: E402
+from sim_render.randomization import render_randomized  # noqa: E402
+from sim_render.scene import SceneRenderer, render_size  # noqa: E402
+from sim_render.sensor import as_plain  # noqa: E402
 
 
 def square_camera(calib: Calibration) -> Calibration:
@@ -223,14 +232,52 @@ def bench_agreement(n_scenes: int) -> dict:
             "slow_success": slow_ok / max(total, 1)}
 
 
+def bench_geometry_frames(n_scenes: int, frames_per_mount: int) -> dict:
+    from policies.base import camera_mount
+    from policies.geometry_data import GeometrySceneMaker
+    from sim_render.api import compose_config, to_plain
+
+    base = compose_config("base")
+    calib = Calibration.load(default_calibration_path())
+    over = list(base.randomization.overrides)
+    labelled_cfg = render_config(tempfile.mkdtemp(), 1, overrides=[*over, f"render.frames_per_scene={int(base.frames_per_scene)}"]).render
+    mounts = [camera_mount(calib, float(c.azimuth_deg), float(c.elevation_deg), float(c.distance_scale)) for c in base.cameras]
+    labelled = SceneRenderer(calib, labelled_cfg, seed=0)
+    geometry = GeometrySceneMaker(calib, mounts, to_plain(labelled_cfg), to_plain(base.geometry), frames_per_mount, seed=0)
+    labelled(n_scenes)  # warm-up: the worlds, texture pools and meshes
+    geometry(n_scenes)
+    t = {"labelled": 0.0, "geometry": 0.0}
+    frames = {"labelled": 0, "geometry": 0}
+    for scene in range(n_scenes):
+        t0 = time.perf_counter()
+        frames["labelled"] += len(labelled(scene))
+        t1 = time.perf_counter()
+        frames["geometry"] += len(geometry(scene)["scene"])
+        t["labelled"] += t1 - t0
+        t["geometry"] += time.perf_counter() - t1
+    rate = {k: frames[k] / t[k] for k in t}
+    return {"scenes": n_scenes, "frames_per_mount": frames_per_mount, "mounts": len(mounts),
+            "labelled_frames_per_s": rate["labelled"], "geometry_frames_per_s": rate["geometry"],
+            "labelled_s_per_scene": t["labelled"] / n_scenes, "geometry_s_per_scene": t["geometry"] / n_scenes,
+            "ratio": rate["geometry"] / rate["labelled"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--only-randomization", action="store_true", help="run 1b alone (the per-frame cost)")
+    ap.add_argument("--only-geometry", action="store_true", help="run 5 alone (geometry frames per CPU-second)")
+    ap.add_argument("--frames-per-mount", type=int, default=2, help="5: looks of each settled scene from each mount")
     args = ap.parse_args()
     q = args.quick
     res: dict = {}
+    if args.only_geometry:
+        res["geometry_frames"] = bench_geometry_frames(3 if q else 12, args.frames_per_mount)
+        print("5. geometry frames per CPU-second vs the base's labelled render:", json.dumps(res["geometry_frames"]))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return
     if not args.only_randomization:
         res["frames_128"] = bench_frames(10 if q else 40)
         print("1. frames/s at 128x128:", json.dumps(res["frames_128"]))

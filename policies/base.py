@@ -32,7 +32,8 @@ from perception.core.calibration import Calibration, CalibrationError, load_cali
 from perception.core.jsonio import write_json
 from sim_render.api import to_plain
 
-__all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base", "main"]
+__all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base",
+           "render_geometry_base_data", "main"]
 
 log = logging.getLogger("sim2real.base")
 
@@ -171,27 +172,70 @@ def train_base(cfg: DictConfig) -> dict:
         raise ValueError(f"parts: unknown {unknown}; known: policy, geometry")
     out = Path(str(cfg.output_dir))
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    dirs = render_base_data(cfg, out)
-    render_s = time.perf_counter() - t0
+    gdata = cfg.get("geometry_data")
+    own_data = "geometry" in parts and gdata is not None and int(gdata.scenes) > 0
     res: dict = {}
-    if "policy" in parts:
-        res["policy"] = _train_policy_base(cfg, out, dirs, render_s)
+    if "policy" in parts or ("geometry" in parts and not own_data):
+        t0 = time.perf_counter()
+        dirs = render_base_data(cfg, out)
+        render_s = time.perf_counter() - t0
+        if "policy" in parts:
+            res["policy"] = _train_policy_base(cfg, out, dirs, render_s)
     if "geometry" in parts:
-        res["geometry"] = _train_geometry_base(cfg, out, dirs, render_s)
+        if own_data:
+            t0 = time.perf_counter()
+            dirs, val_dirs = render_geometry_base_data(cfg, out)
+            res["geometry"] = _train_geometry_base(cfg, out, dirs, time.perf_counter() - t0, val_dirs)
+        else:
+            res["geometry"] = _train_geometry_base(cfg, out, dirs, render_s)
     return res
 
 
-def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: float) -> dict:
+#: Added to the base's seed for the geometry data's held-out scenes: a block no other data uses.
+GEOMETRY_VAL_SEED_OFFSET = 900_000
+
+
+def render_geometry_base_data(cfg: DictConfig, out: Path) -> tuple[list[Path], list[Path]]:
+    """Render ``geometry_data.scenes`` scenes for the geometry alone (and ``val_scenes`` held-out
+    ones from their own seed block) from every camera mount; resumable. Returns the training
+    and validation folders."""
+    from policies.geometry_data import render_geometry_data
+    from sim_render.api import render_config
+
+    gd = cfg.geometry_data
+    calib = load_calibration()
+    mounts = [camera_mount(calib, float(c.azimuth_deg), float(c.elevation_deg), float(c.distance_scale))
+              for c in cfg.cameras]
+    render_cfg = to_plain(render_config(out, 1, "randomized", int(cfg.seed), None,
+                                        list(cfg.randomization.overrides) if cfg.get("randomization") else []).render)
+    root = Path(str(gd.dir)) if gd.get("dir") else out / "geometry_data"
+    dirs = []
+    for sub, n, seed in (("val", int(gd.val_scenes), int(cfg.seed) + GEOMETRY_VAL_SEED_OFFSET),
+                         ("train", int(gd.scenes), int(cfg.seed))):
+        if n <= 0:
+            continue
+        log.info("geometry data %s: %d scenes x %d mounts x %d looks -> %s", sub, n, len(mounts),
+                 int(gd.frames_per_mount), root / sub)
+        render_geometry_data(root / sub, calib, mounts, render_cfg, to_plain(cfg.geometry), n, seed,
+                             int(gd.frames_per_mount), int(gd.scenes_per_shard), int(cfg.workers))
+        dirs.append(root / sub)
+    return dirs[-1:], dirs[:-1]
+
+
+def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: float,
+                         val_dirs: list[Path] | None = None) -> dict:
     import torch
 
     from policies.geometry import train_geometry
 
-    g = train_geometry(cfg.geometry, dirs, out / "geometry", seed=int(cfg.seed), logger_cfg=to_plain(cfg.get("logger")))
-    n_scenes = int(cfg.scenes_per_camera) * len(cfg.cameras)
-    data = {"scenes": n_scenes, "frames_per_scene": int(cfg.frames_per_scene), "profile": "randomized",
-            "randomization": to_plain(cfg.randomization), "cameras": to_plain(cfg.cameras), "seed": int(cfg.seed),
-            "render_time_s": round(render_s, 1)}
+    g = train_geometry(cfg.geometry, dirs, out / "geometry", seed=int(cfg.seed), logger_cfg=to_plain(cfg.get("logger")),
+                       val_dirs=val_dirs or ())
+    if val_dirs is None:
+        data = {"scenes": int(cfg.scenes_per_camera) * len(cfg.cameras), "frames_per_scene": int(cfg.frames_per_scene)}
+    else:
+        data = {"geometry_data": to_plain(cfg.geometry_data), "frames": g["n_train_frames"]}
+    data.update({"profile": "randomized", "randomization": to_plain(cfg.randomization), "cameras": to_plain(cfg.cameras),
+                 "seed": int(cfg.seed), "render_time_s": round(render_s, 1)})
     name = str(cfg.geometry.name)
     saved = torch.load(g["path"], map_location="cpu", weights_only=True)
     target = out / f"{name}.pt"

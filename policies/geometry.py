@@ -46,7 +46,7 @@ from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
 from sim_render.format import SEG_FIRST_OBJECT
 
-__all__ = ["GeometryFrames", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
+__all__ = ["GeometryFrames", "geometry_item", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
            "make_geometry_datasets", "train_geometry", "GEOMETRY_FORMAT"]
 
 log = logging.getLogger(__name__)
@@ -119,27 +119,37 @@ class GeometryFrames(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         rec = self.records[i]
-        rgb, height, obj = rec["view_rgb"], rec["height"].astype(np.float32), rec["object"]
+        rng = None
         if self.augment:
             if self._rng is None:
                 info = torch.utils.data.get_worker_info()
                 self._rng = np.random.default_rng([self.seed, 0 if info is None else info.id])
             rng = self._rng
-            if rng.random() < float(self.augment.get("hflip", 0.0)):
-                # A mirrored image is a mirrored world seen by a mirrored camera: heights mirror with it.
-                rgb, height, obj = rgb[:, ::-1], height[:, ::-1], obj[:, ::-1]
-            c = float(self.augment.get("color", 0.0))
-            if c > 0:
-                gain = rng.uniform(1 - c, 1 + c, 3)
-                offset = rng.uniform(-c, c, 3) * 255.0
-                rgb = np.clip(rgb.astype(np.float32) * gain + offset, 0, 255).astype(np.uint8)
-        known = np.isfinite(height)
-        return {
-            "image": torch.from_numpy(to_network_input(np.ascontiguousarray(rgb))[0]),
-            "height_target": torch.from_numpy(np.ascontiguousarray(np.where(known, height, 0.0), dtype=np.float32)),
-            "known": torch.from_numpy(np.ascontiguousarray(known)),
-            "object_target": torch.from_numpy(np.ascontiguousarray(obj)),
-        }
+        return geometry_item(rec["view_rgb"], rec["height"], rec["object"], self.augment, rng)
+
+
+def geometry_item(rgb: np.ndarray, height: np.ndarray, obj: np.ndarray, augment: dict | None,
+                  rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
+    """One record (:func:`geometry_record`'s arrays) as the network's tensors, augmented from
+    ``rng`` when ``augment`` (``{"hflip": p, "color": fraction}``) is given."""
+    height = height.astype(np.float32)
+    if augment:
+        assert rng is not None
+        if rng.random() < float(augment.get("hflip", 0.0)):
+            # A mirrored image is a mirrored world seen by a mirrored camera: heights mirror with it.
+            rgb, height, obj = rgb[:, ::-1], height[:, ::-1], obj[:, ::-1]
+        c = float(augment.get("color", 0.0))
+        if c > 0:
+            gain = rng.uniform(1 - c, 1 + c, 3)
+            offset = rng.uniform(-c, c, 3) * 255.0
+            rgb = np.clip(rgb.astype(np.float32) * gain + offset, 0, 255).astype(np.uint8)
+    known = np.isfinite(height)
+    return {
+        "image": torch.from_numpy(to_network_input(np.ascontiguousarray(rgb))[0]),
+        "height_target": torch.from_numpy(np.ascontiguousarray(np.where(known, height, 0.0), dtype=np.float32)),
+        "known": torch.from_numpy(np.ascontiguousarray(known)),
+        "object_target": torch.from_numpy(np.ascontiguousarray(obj)),
+    }
 
 
 def make_geometry_datasets(
@@ -254,21 +264,26 @@ def geometry_errors(net: GeometryNet, frames: GeometryFrames, batch_size: int = 
 
 def train_geometry(
     gcfg: dict | DictConfig, dataset_dirs: Sequence[str | Path], output_dir: str | Path, seed: int = 0,
-    logger_cfg: Any = None, fast_dev_run: bool | int = False,
+    logger_cfg: Any = None, fast_dev_run: bool | int = False, val_dirs: Sequence[str | Path] = (),
 ) -> dict:
     """Train the geometry network with a Lightning ``Trainer`` and write ``output_dir/geometry.pt``
     (a ``state_dict`` of :class:`GeometryNet` and the plain config, loadable with ``weights_only``).
 
     Args:
         gcfg: ``conf/geometry/default.yaml``.
-        dataset_dirs: rendered folders (each with its own camera mount).
+        dataset_dirs: rendered folders (each with its own camera mount), or geometry data
+            folders (:mod:`policies.geometry_data`: streamed from disk, every frame once a pass).
+        val_dirs: with geometry data folders, the geometry data folders held out for validation.
         output_dir: where the checkpoint, logs and ``geometry.pt`` go.
         seed: data split, augmentation and initialisation seed.
         logger_cfg: the ``logger`` group (CSV by default).
         fast_dev_run: Lightning's smoke-test mode.
 
     ``geometry.init_from`` (a geometry base) starts from its weights with a fresh optimiser:
-    more training on the same renders.
+    more training on the same renders. ``geometry.checkpoint_every_n_steps`` keeps
+    ``output_dir/checkpoints/last.ckpt`` (weights, optimiser, schedule, step) up to date, and a
+    run started again on the same ``output_dir`` continues from it (a campaign of many hours:
+    give it ``max_steps``, since a time budget's schedule starts again with the run).
 
     Returns:
         ``path``, ``network``, ``view_size``, ``margin``, ``metrics``, ``errors``
@@ -284,9 +299,20 @@ def train_geometry(
     if g.get("num_threads"):
         torch.set_num_threads(int(g["num_threads"]))
     pl.seed_everything(int(seed), workers=True, verbose=False)
-    train_ds, val_ds, view, calib = make_geometry_datasets(dataset_dirs, g, float(g["val_fraction"]), int(seed))
     bs = int(g["batch_size"])
-    train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs)
+    from policies.geometry_data import GeometryShards, is_geometry_data, load_geometry_frames
+
+    streamed = [is_geometry_data(d) for d in dataset_dirs]
+    if any(streamed):
+        if not all(streamed):
+            raise ValueError("train on geometry data folders or on rendered folders, not on both")
+        aug = g.get("augment")
+        train_ds = GeometryShards(dataset_dirs, dict(aug) if aug else None, int(seed), int(g.get("buffer_shards", 4)))
+        val_ds, view, calib = load_geometry_frames(val_dirs or dataset_dirs[:0], first_of=dataset_dirs[0])
+        train_loader = DataLoader(train_ds, batch_size=bs, num_workers=int(g.get("loader_workers", 0)), drop_last=True)
+    else:
+        train_ds, val_ds, view, calib = make_geometry_datasets(dataset_dirs, g, float(g["val_fraction"]), int(seed))
+        train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs)
     val_loader = DataLoader(val_ds, batch_size=bs) if val_ds is not None else None
     module = GeometryModule(
         network=g["network"], loss=g["loss"],
@@ -302,6 +328,17 @@ def train_geometry(
     import datetime
 
     bar, progress_cbs = trainer_progress("geometry")
+    every = g.get("checkpoint_every_n_steps")
+    resume = None
+    if every:
+        from pytorch_lightning.callbacks import ModelCheckpoint
+
+        ckpt_dir = out / "checkpoints"
+        progress_cbs = [*progress_cbs, ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=0,
+                                                       every_n_train_steps=int(every))]
+        if (ckpt_dir / "last.ckpt").is_file():
+            resume = str(ckpt_dir / "last.ckpt")
+            log.info("geometry: continuing the run in %s", resume)
     trainer = pl.Trainer(
         default_root_dir=str(out), max_steps=int(g["max_steps"]), max_epochs=-1,
         max_time=datetime.timedelta(seconds=float(g["max_time_s"])) if g.get("max_time_s") else None,
@@ -309,11 +346,11 @@ def train_geometry(
         val_check_interval=int(g["val_every_n_steps"]) if val_loader is not None else None,
         check_val_every_n_epoch=None, limit_val_batches=1.0 if val_loader is not None else 0,
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
-        enable_checkpointing=False, enable_progress_bar=bar, callbacks=progress_cbs, fast_dev_run=fast_dev_run,
+        enable_checkpointing=bool(every), enable_progress_bar=bar, callbacks=progress_cbs, fast_dev_run=fast_dev_run,
     )
     t0 = time.perf_counter()
     try:
-        trainer.fit(module, train_loader, val_loader)
+        trainer.fit(module, train_loader, val_loader, ckpt_path=resume)
     except BaseException:
         tlog.finish(failed=True)
         raise

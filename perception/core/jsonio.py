@@ -9,6 +9,8 @@ goes through :func:`to_jsonable`, so the rules are the same everywhere:
 - a non-finite float becomes ``null`` in a report (a metric with no value yet), and is an
   error where the file is data (``strict=True``: shard metadata);
 - any other object is written as its ``str`` in a report, and is an error with ``strict``.
+
+:func:`read_json` reads one back, naming the file when it is not JSON.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from perception.core.atomic import atomic_write_text
 
-__all__ = ["dumps_json", "to_jsonable", "write_json"]
+__all__ = ["dumps_json", "read_json", "to_jsonable", "write_json"]
 
 
 def to_jsonable(value: Any, strict: bool = False) -> Any:
@@ -72,3 +74,17 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 1, sort_keys: bo
                strict: bool = False) -> None:
     """Write :func:`dumps_json` of ``obj`` to ``path`` atomically (the old file or the new, never half)."""
     atomic_write_text(Path(path), dumps_json(obj, indent, sort_keys, strict))
+
+
+def read_json(path: str | Path) -> Any:
+    """The contents of the JSON file ``path``.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON; the message names the file and where it breaks.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc

@@ -48,3 +48,17 @@ def test_sorted_keys_give_the_same_bytes_for_the_same_content():
     a = dumps_json({"b": 1, "a": {"d": np.float64(2.5), "c": Path("p")}}, sort_keys=True)
     b = dumps_json({"a": {"c": "p", "d": 2.5}, "b": 1}, sort_keys=True)
     assert a == b and a.endswith("}\n")
+
+
+def test_read_json_reads_what_write_json_wrote_and_names_a_broken_file(tmp_path):
+    from perception.core.jsonio import read_json
+
+    good = tmp_path / "good.json"
+    write_json(good, {"a": [1, 2.5], "b": None})
+    assert read_json(good) == {"a": [1, 2.5], "b": None}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1,', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
+        read_json(bad)
+    with pytest.raises(OSError):
+        read_json(tmp_path / "missing.json")

@@ -182,3 +182,29 @@ def test_the_geometry_network_trains_beside_the_base_and_goes_into_the_artifact(
     with pytest.raises(ValueError, match="needs the top-down view"):
         check_policy_config(compose_config("train_policy", [f"policy.geometry={geo['base']}", "policy.view.kind=camera",
                                                             "policy.base=null"]))
+
+
+@pytest.mark.slow  # about 40 s: two geometry data renders and a training: the fast tier must stay under 10 minutes
+def test_the_geometry_trains_on_its_own_frames_and_renders_no_labelled_data(tmp_path):
+    """``geometry_data.scenes > 0``: sim2real-train-base parts=[geometry] renders the geometry's own
+    frames (train and held-out scenes, every mount) and trains on them streamed, without the
+    labelled renders; the file says what it learned from."""
+    from omegaconf import OmegaConf
+
+    from policies.geometry import GEOMETRY_FORMAT
+    from policies.geometry_data import GeometryShards
+
+    cfg = _base_cfg(tmp_path)
+    OmegaConf.update(cfg, "parts", ["geometry"])
+    OmegaConf.update(cfg, "geometry_data", {"scenes": 3, "dir": None, "frames_per_mount": 1, "scenes_per_shard": 2,
+                                            "val_scenes": 1})
+    res = train_base(cfg)
+    assert set(res) == {"geometry"}
+    out = tmp_path / "base"
+    assert not (out / "data").exists(), "no labelled render for a geometry trained on its own frames"
+    train, val = out / "geometry_data" / "train", out / "geometry_data" / "val"
+    assert len(GeometryShards([train])) == 3 * 2 and len(GeometryShards([val])) == 1 * 2
+    data = load_base(res["geometry"]["base"], GEOMETRY_FORMAT)
+    assert data["global_step"] == 2 and data["n_train_frames"] == 6 and data["n_val_frames"] == 2
+    assert data["data"]["frames"] == 6 and data["data"]["geometry_data"]["scenes"] == 3
+    assert np.isfinite(data["errors"]["object_median_m"])

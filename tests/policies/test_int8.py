@@ -93,6 +93,7 @@ def test_int8_graphs_come_also_where_symbolic_shape_inference_fails(tmp_path, ca
     assert entry["max_abs_diff"]["quality"] < 0.05  # the same quantization, prepared another way
 
 
+@pytest.mark.slow  # each exports and quantizes an artifact (15-40 s): the fast tier must stay under 10 minutes
 def test_a_changed_int8_graph_or_a_missing_one_is_refused(tmp_path, calib, frames):
     art = _artifact(tmp_path / "artifact", calib)
     with pytest.raises(ArtifactError, match="no int8 graphs"):
