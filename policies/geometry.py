@@ -307,9 +307,9 @@ def train_geometry(
         if not all(streamed):
             raise ValueError("train on geometry data folders or on rendered folders, not on both")
         aug = g.get("augment")
-        train_ds = GeometryShards(dataset_dirs, dict(aug) if aug else None, int(seed), int(g.get("buffer_shards", 4)))
+        train_ds = GeometryShards(dataset_dirs, dict(aug) if aug else None, int(seed), int(g["buffer_shards"]))
         val_ds, view, calib = load_geometry_frames(val_dirs or dataset_dirs[:0], first_of=dataset_dirs[0])
-        train_loader = DataLoader(train_ds, batch_size=bs, num_workers=int(g.get("loader_workers", 0)), drop_last=True)
+        train_loader = DataLoader(train_ds, batch_size=bs, num_workers=int(g["loader_workers"]), drop_last=True)
     else:
         train_ds, val_ds, view, calib = make_geometry_datasets(dataset_dirs, g, float(g["val_fraction"]), int(seed))
         train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs)
