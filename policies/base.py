@@ -227,9 +227,12 @@ def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s:
     import torch
 
     from policies.geometry import train_geometry
+    from policies.geometry_data import geometry_data_datasets
 
-    g = train_geometry(cfg.geometry, dirs, out / "geometry", seed=int(cfg.seed), logger_cfg=to_plain(cfg.get("logger")),
-                       val_dirs=val_dirs or ())
+    gcfg = to_plain(cfg.geometry)
+    datasets = None if val_dirs is None else geometry_data_datasets(dirs, val_dirs, gcfg, int(cfg.seed))
+    g = train_geometry(gcfg, dirs, out / "geometry", seed=int(cfg.seed), logger_cfg=to_plain(cfg.get("logger")),
+                       datasets=datasets)
     if val_dirs is None:
         data = {"scenes": int(cfg.scenes_per_camera) * len(cfg.cameras), "frames_per_scene": int(cfg.frames_per_scene)}
     else:

@@ -34,7 +34,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from adaptation.progress import trainer_progress
 from perception.core.calibration import Calibration
@@ -264,16 +264,16 @@ def geometry_errors(net: GeometryNet, frames: GeometryFrames, batch_size: int = 
 
 def train_geometry(
     gcfg: dict | DictConfig, dataset_dirs: Sequence[str | Path], output_dir: str | Path, seed: int = 0,
-    logger_cfg: Any = None, fast_dev_run: bool | int = False, val_dirs: Sequence[str | Path] = (),
+    logger_cfg: Any = None, fast_dev_run: bool | int = False, datasets: tuple | None = None,
 ) -> dict:
     """Train the geometry network with a Lightning ``Trainer`` and write ``output_dir/geometry.pt``
     (a ``state_dict`` of :class:`GeometryNet` and the plain config, loadable with ``weights_only``).
 
     Args:
         gcfg: ``conf/geometry/default.yaml``.
-        dataset_dirs: rendered folders (each with its own camera mount), or geometry data
-            folders (:mod:`policies.geometry_data`: streamed from disk, every frame once a pass).
-        val_dirs: with geometry data folders, the geometry data folders held out for validation.
+        dataset_dirs: rendered folders (each with its own camera mount).
+        datasets: ``(train, val, view, calibration)`` made already, in place of ``dataset_dirs``
+            (:func:`policies.geometry_data.geometry_data_datasets`: geometry data streamed from disk).
         output_dir: where the checkpoint, logs and ``geometry.pt`` go.
         seed: data split, augmentation and initialisation seed.
         logger_cfg: the ``logger`` group (CSV by default).
@@ -300,19 +300,12 @@ def train_geometry(
         torch.set_num_threads(int(g["num_threads"]))
     pl.seed_everything(int(seed), workers=True, verbose=False)
     bs = int(g["batch_size"])
-    from policies.geometry_data import GeometryShards, is_geometry_data, load_geometry_frames
-
-    streamed = [is_geometry_data(d) for d in dataset_dirs]
-    if any(streamed):
-        if not all(streamed):
-            raise ValueError("train on geometry data folders or on rendered folders, not on both")
-        aug = g.get("augment")
-        train_ds = GeometryShards(dataset_dirs, dict(aug) if aug else None, int(seed), int(g["buffer_shards"]))
-        val_ds, view, calib = load_geometry_frames(val_dirs or dataset_dirs[:0], first_of=dataset_dirs[0])
-        train_loader = DataLoader(train_ds, batch_size=bs, num_workers=int(g["loader_workers"]), drop_last=True)
-    else:
-        train_ds, val_ds, view, calib = make_geometry_datasets(dataset_dirs, g, float(g["val_fraction"]), int(seed))
-        train_loader = DataLoader(train_ds, batch_size=bs, shuffle=True, drop_last=len(train_ds) >= bs)
+    if datasets is None:
+        datasets = make_geometry_datasets(dataset_dirs, g, float(g["val_fraction"]), int(seed))
+    train_ds, val_ds, view, calib = datasets
+    # A streamed set shuffles itself (a new shard order each pass).
+    train_loader = DataLoader(train_ds, batch_size=bs, shuffle=not isinstance(train_ds, IterableDataset),
+                              num_workers=int(g["loader_workers"]), drop_last=len(train_ds) >= bs)
     val_loader = DataLoader(val_ds, batch_size=bs) if val_ds is not None else None
     module = GeometryModule(
         network=g["network"], loss=g["loss"],

@@ -47,9 +47,12 @@ from perception.core.atomic import atomic_write_bytes
 from perception.core.calibration import Calibration
 from perception.core.jsonio import read_json, write_json
 from perception.core.progress import progress
+from policies.geometry import GeometryFrames, geometry_item, geometry_record, geometry_view
+from sim_render.randomization import render_randomized
+from sim_render.scene import SceneRenderer
 
 __all__ = ["GeometryDataError", "GeometrySceneMaker", "GeometryShards", "render_geometry_data", "is_geometry_data",
-           "read_geometry_shard", "load_geometry_frames", "DATA_FILE"]
+           "read_geometry_shard", "load_geometry_frames", "geometry_data_datasets", "DATA_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +88,6 @@ class GeometrySceneMaker:
 
     def __init__(self, calib: Calibration, mounts: Sequence[Calibration], render_cfg: dict, gcfg: dict,
                  frames_per_mount: int, seed: int) -> None:
-        from sim_render.scene import SceneRenderer
-
         self.renderer = SceneRenderer(calib, render_cfg, seed)
         self.mounts = [m.to_dict() for m in mounts]
         self.gcfg = {"view_size": list(gcfg["view_size"]), "margin": float(gcfg["margin"])}
@@ -97,9 +98,6 @@ class GeometrySceneMaker:
         return {**self.__dict__, "_views": None}
 
     def __call__(self, scene: int) -> dict[str, np.ndarray]:
-        from policies.geometry import geometry_record, geometry_view
-        from sim_render.randomization import render_randomized
-
         if self._views is None:
             mounts = [Calibration.from_dict(m) for m in self.mounts]
             self._views = [(m, geometry_view(m, self.gcfg)) for m in mounts]
@@ -289,8 +287,6 @@ class GeometryShards(IterableDataset):
         return self.n_frames
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        from policies.geometry import geometry_item
-
         info = torch.utils.data.get_worker_info()
         if info is None:
             wid, nw, key = 0, 1, self._pass
@@ -318,8 +314,6 @@ def load_geometry_frames(dirs: Sequence[str | Path], first_of: str | Path) -> tu
         ``(frames, view, calibration)``; ``frames`` is a :class:`policies.geometry.GeometryFrames`
         without augmentation, ``None`` when ``dirs`` is empty.
     """
-    from policies.geometry import GeometryFrames, geometry_view
-
     if not is_geometry_data(first_of):
         raise GeometryDataError(f"{first_of} is not a geometry data folder (no {DATA_FILE})")
     desc = read_json(Path(first_of) / DATA_FILE)
@@ -332,3 +326,17 @@ def load_geometry_frames(dirs: Sequence[str | Path], first_of: str | Path) -> tu
             records += [{"view_rgb": a["view_rgb"][i], "height": a["height"][i], "object": a["object"][i]}
                         for i in range(len(a["scene"]))]
     return (GeometryFrames(records) if records else None), view, calib
+
+
+def geometry_data_datasets(dirs: Sequence[str | Path], val_dirs: Sequence[str | Path], gcfg: dict,
+                           seed: int) -> tuple[GeometryShards, Any, Any, Calibration]:
+    """What :func:`policies.geometry.train_geometry` trains on (its ``datasets``): ``dirs`` streamed
+    with ``gcfg``'s augmentation, ``val_dirs`` in memory, the first folder's view and calibration.
+
+    Raises:
+        GeometryDataError: a folder that is not geometry data, or holds no finished shard.
+    """
+    aug = gcfg.get("augment")
+    train = GeometryShards(dirs, dict(aug) if aug else None, int(seed), int(gcfg["buffer_shards"]))
+    val, view, calib = load_geometry_frames(val_dirs, first_of=dirs[0])
+    return train, val, view, calib

@@ -21,6 +21,7 @@ from policies.geometry_data import (
     GeometryDataError,
     GeometrySceneMaker,
     GeometryShards,
+    geometry_data_datasets,
     read_geometry_shard,
     render_geometry_data,
 )
@@ -137,14 +138,16 @@ def test_training_on_geometry_data_continues_from_its_checkpoint(geometry_data, 
     g.update(GCFG, batch_size=2, max_steps=2, max_time_s=None, val_every_n_steps=2, checkpoint_every_n_steps=1,
              network={"base_channels": 4, "dilations": [2]}, accelerator="cpu")
     out = tmp_path / "run"
-    first = train_geometry(g, [geometry_data], out, seed=0, logger_cfg={"name": "none"}, val_dirs=[geometry_data])
+    data = geometry_data_datasets([geometry_data], [geometry_data], g, seed=0)
+    first = train_geometry(g, [], out, seed=0, logger_cfg={"name": "none"}, datasets=data)
     assert first["global_step"] == 2 and first["n_train_frames"] == 6 and first["n_val_frames"] == 6
     assert (out / "checkpoints" / "last.ckpt").is_file()
     assert np.isfinite(first["errors"]["object_median_m"])
     g["max_steps"] = 4
     with caplog.at_level(logging.INFO):
-        second = train_geometry(g, [geometry_data], out, seed=0, logger_cfg={"name": "none"}, val_dirs=[geometry_data])
+        second = train_geometry(g, [], out, seed=0, logger_cfg={"name": "none"},
+                                datasets=geometry_data_datasets([geometry_data], [geometry_data], g, seed=0))
     assert "continuing the run" in caplog.text
     assert second["global_step"] == 4
-    with pytest.raises(ValueError, match="not on both"):
-        train_geometry(g, [geometry_data, tmp_path], tmp_path / "mixed", seed=0, logger_cfg={"name": "none"})
+    with pytest.raises(GeometryDataError, match="is not a geometry data folder"):
+        geometry_data_datasets([geometry_data, tmp_path], [], g, seed=0)
