@@ -44,6 +44,7 @@ def _artifact(path, calib):
                            geometry=geometry)
 
 
+@pytest.mark.slow  # exports and quantizes an artifact (about 20 s): the fast tier must stay under 10 minutes
 def test_int8_graphs_run_on_the_cpu_close_to_the_float_ones(tmp_path, calib, frames):
     """Both graphs get an int8 copy calibrated on some frames and measured on the others; a
     CPU runner picks them (``auto``), ``fp32`` keeps the float ones, and the two answer the

@@ -83,6 +83,7 @@ def _shard_lines(log: str) -> list[str]:
     return re.findall(r"wrote (shard-\d+) \(scenes", log)
 
 
+@pytest.mark.slow  # four launcher processes render (about 11 s): the fast tier must stay under 10 minutes
 def test_submitit_local_multirun_renders_every_shard_once(tmp_path, cli):
     """``sim2real-render -m shards=0/3,1/3,2/3 hydra/launcher=submitit_local``: three processes,
     each shard written by exactly one of them, and the manifest byte-identical to one process's."""

@@ -109,6 +109,7 @@ def test_sweep_file_is_a_wandb_sweep(path):
             assert sweep["method"] != "grid", f"{name}: a grid sweep cannot draw from a distribution"
 
 
+@pytest.mark.slow  # composes every point of every sweep (about 25 s): the fast tier must stay under 10 minutes
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_every_sweep_point_composes(path, monkeypatch):
     from sim_render.api import render_config
