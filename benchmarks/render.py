@@ -233,7 +233,7 @@ def bench_agreement(n_scenes: int) -> dict:
 
 
 def bench_geometry_frames(n_scenes: int, frames_per_mount: int) -> dict:
-    from policies.base import camera_mount
+    from policies.base import camera_mounts
     from policies.geometry_data import GeometrySceneMaker
     from sim_render.api import compose_config, to_plain
 
@@ -241,7 +241,7 @@ def bench_geometry_frames(n_scenes: int, frames_per_mount: int) -> dict:
     calib = Calibration.load(default_calibration_path())
     over = list(base.randomization.overrides)
     labelled_cfg = render_config(tempfile.mkdtemp(), 1, overrides=[*over, f"render.frames_per_scene={int(base.frames_per_scene)}"]).render
-    mounts = [camera_mount(calib, float(c.azimuth_deg), float(c.elevation_deg), float(c.distance_scale)) for c in base.cameras]
+    mounts = camera_mounts(calib, base.cameras)
     labelled = SceneRenderer(calib, labelled_cfg, seed=0)
     geometry = GeometrySceneMaker(calib, mounts, to_plain(labelled_cfg), to_plain(base.geometry), frames_per_mount, seed=0)
     labelled(n_scenes)  # warm-up: the worlds, texture pools and meshes

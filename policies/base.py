@@ -23,6 +23,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import hydra
 import numpy as np
@@ -32,7 +33,7 @@ from perception.core.calibration import Calibration, CalibrationError, load_cali
 from perception.core.jsonio import write_json
 from sim_render.api import to_plain
 
-__all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "train_base",
+__all__ = ["BASE_DIR", "BaseError", "base_path", "base_digest", "load_base", "camera_mount", "camera_mounts", "train_base",
            "render_geometry_base_data", "main"]
 
 log = logging.getLogger("sim2real.base")
@@ -133,6 +134,12 @@ def camera_mount(calib: Calibration, azimuth_deg: float, elevation_deg: float, d
     return moved
 
 
+def camera_mounts(calib: Calibration, cameras: Any) -> list[Calibration]:
+    """:func:`camera_mount` of every entry of ``conf/base.yaml``'s ``cameras``, in order."""
+    return [camera_mount(calib, float(c["azimuth_deg"]), float(c["elevation_deg"]), float(c["distance_scale"]))
+            for c in cameras]
+
+
 def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
     """Render ``scenes_per_camera`` randomized scenes per camera mount into ``out/data/cam<i>``
     (resumable: ``sim2real-render`` skips finished shards)."""
@@ -143,8 +150,7 @@ def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
     overrides = [f"scenes_per_shard={int(cfg.scenes_per_shard)}", f"render.frames_per_scene={int(cfg.frames_per_scene)}",
                  *(cfg.randomization.overrides if cfg.get("randomization") else [])]
     dirs = []
-    for i, cam in enumerate(cfg.cameras):
-        mount = camera_mount(calib, float(cam.azimuth_deg), float(cam.elevation_deg), float(cam.distance_scale))
+    for i, (cam, mount) in enumerate(zip(cfg.cameras, camera_mounts(calib, cfg.cameras))):
         calib_file = out / "cameras" / f"cam{i}.json"
         calib_file.parent.mkdir(parents=True, exist_ok=True)
         mount.save(calib_file)
@@ -204,8 +210,7 @@ def render_geometry_base_data(cfg: DictConfig, out: Path) -> tuple[list[Path], l
 
     gd = cfg.geometry_data
     calib = load_calibration()
-    mounts = [camera_mount(calib, float(c.azimuth_deg), float(c.elevation_deg), float(c.distance_scale))
-              for c in cfg.cameras]
+    mounts = camera_mounts(calib, cfg.cameras)
     render_cfg = to_plain(render_config(out, 1, "randomized", int(cfg.seed), None,
                                         list(cfg.randomization.overrides) if cfg.get("randomization") else []).render)
     root = Path(str(gd.dir)) if gd.get("dir") else out / "geometry_data"
