@@ -50,6 +50,7 @@ from perception.core.atomic import replace_tree
 from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView
 from perception.core.jsonio import write_json
+from perception.core.outcomes import measured
 from perception.core.recording import load_attempts, load_header
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
@@ -385,7 +386,10 @@ def finetune(cfg: DictConfig) -> dict:
         "candidate": str(candidate), "promoted": promotion.promoted, "promotion_reason": promotion.reason,
         "budget": str(cfg.budget.name), "seed": int(cfg.seed), "calibration": run["calibration"],
         "attempts": {"with_outcome": len(attempts), "successes": int(sum(a["outcome"]["success"] for a in attempts)),
-                     "train": len(train_att), "check": len(check_att), "held_out": held_out},
+                     "train": len(train_att), "check": len(check_att), "held_out": held_out,
+                     # What the robot measured (CONTRACT.md section 7), read but not yet learnt from: issue 38.
+                     "with_measured": sum(bool(measured(a["outcome"])) for a in attempts),
+                     "contact_stops": sum(measured(a["outcome"]).get("contact_stop") is True for a in attempts)},
         "check": {"before": before, "after": after, "auc_difference": auc_change},
         "int8": int8,
         "training": {k: summary[k] for k in ("global_step", "train_time_s", "n_train_frames", "metrics")},

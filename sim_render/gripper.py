@@ -70,6 +70,10 @@ class GraspOutcome:
     success: bool
     lifted_object: int  # index into cell.bodies.objects, -1 when none
     tip_z: float        # fingertip height actually reached, metres
+    # What a robot measures during the grasp (CONTRACT.md section 7); None: not measured (the hand
+    # could not even be placed above the grasp).
+    contact_stop: bool | None = None   # the descent stopped on resistance before the grasp's z
+    jaw_width: float | None = None     # metres between the pads after closing, before the lift
 
 
 class FloatingHand:
@@ -166,17 +170,22 @@ class FloatingHand:
 
         # Descend to the fingertip height, or until ~3 N pushes back.
         reached = start_tip
+        stopped = False
         for k in range(1, timing.descend_steps + 1):
             target = start_tip + (tip_z - start_tip) * k / timing.descend_steps
             c.changeConstraint(self.constraint, [x, y, target + _TIP_BELOW_BASE], q, maxForce=ARM_FORCE)
             c.stepSimulation()
             reached = c.getBasePositionAndOrientation(self.body)[0][2] - _TIP_BELOW_BASE
             if self._upward_force() > DESCENT_STOP_FORCE:
+                stopped = True
                 break
         else:
             # The driven base lags its target: let it arrive (or meet resistance).
             for _ in range(SETTLE_STEPS):
-                if reached - tip_z < ARRIVAL_TOLERANCE or self._upward_force() > DESCENT_STOP_FORCE:
+                if reached - tip_z < ARRIVAL_TOLERANCE:
+                    break
+                if self._upward_force() > DESCENT_STOP_FORCE:
+                    stopped = True
                     break
                 c.stepSimulation()
                 reached = c.getBasePositionAndOrientation(self.body)[0][2] - _TIP_BELOW_BASE
@@ -187,6 +196,8 @@ class FloatingHand:
         self._set_fingers(FINGER_HALF[0], force)
         for _ in range(timing.close_steps):
             c.stepSimulation()
+        # Each joint is the distance from the palm's axis to its finger's centre.
+        jaw_width = max(0.0, sum(c.getJointState(self.body, j)[0] for j in (0, 1)) - 2 * FINGER_HALF[0])
 
         # Lift 0.2 m, then hold.
         for k in range(1, timing.lift_steps + 1):
@@ -199,7 +210,8 @@ class FloatingHand:
         lifted_end = self.cell.object_heights() >= SUCCESS_HEIGHT
         both = np.flatnonzero(lifted_start & lifted_end)
         self.park()
-        return GraspOutcome(bool(len(both)), int(both[0]) if len(both) else -1, float(reached))
+        return GraspOutcome(bool(len(both)), int(both[0]) if len(both) else -1, float(reached), stopped,
+                            float(jaw_width))
 
 
 def hold_steps_for(seconds: float, timestep: float) -> int:

@@ -107,7 +107,11 @@ class SimCell:
             if not self.cell.bodies.objects:
                 self.refill()
                 detail["refilled"] = True
-            return Outcome(bool(out.success), detail)
+            # What a real robot measures during the grasp (CONTRACT.md section 7): the stop is where
+            # the fingertips were when the descent ended.
+            return Outcome(bool(out.success), detail, contact_stop=out.contact_stop,
+                           fingertip_z=None if out.contact_stop is None else float(out.tip_z),
+                           jaw_width=out.jaw_width)
 
     def camera(self, fps: float | None = 5.0) -> SimCamera:
         return SimCamera(cell=self, fps=fps)

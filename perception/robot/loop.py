@@ -41,6 +41,7 @@ import numpy as np
 from perception.core.artifact import PolicyRunner
 from perception.core.decode import decode_grasp, grasp_in_workspace
 from perception.core.jsonio import write_json
+from perception.core.outcomes import MEASURED_FIELDS, OutcomeError, check_measured
 from perception.core.recording import Recording, RecordingError, load_attempts
 from perception.core.repeats import RepeatGuard, repeat_options
 from perception.robot.cameras import StaleFrameError, ThreadedCamera
@@ -211,7 +212,7 @@ class GraspLoop:
         outcome = self._execute(GraspRequest(attempt_id, g, dec.pixel, time.time() - age), entry)
         self._frames_after = time.monotonic() + self.cfg.settle_s
         if outcome is not None:
-            entry["outcome"] = outcome.to_dict()
+            entry["outcome"] = self._outcome_entry(outcome)
             self._count(outcome)
         if self.repeats is not None:
             # The robot's word wins over the frame's: a success is not avoided. A grasp that was not
@@ -261,6 +262,18 @@ class GraspLoop:
             return None
         self._consecutive_robot_errors = 0
         return outcome
+
+    def _outcome_entry(self, outcome: Outcome) -> dict:
+        """The outcome as recorded. Measured fields out of range for this cell (POST /v1/outcome's
+        rules) are left out, with the reason: the success bit still counts."""
+        entry = outcome.to_dict()
+        try:
+            check_measured(entry, self.calib.table_z)
+        except OutcomeError as exc:
+            log.error("robot: %s; its measured fields are not recorded", exc)
+            entry = {k: v for k, v in entry.items() if k not in MEASURED_FIELDS}
+            entry["measured_refused"] = str(exc)
+        return entry
 
     def _bad_frame(self, frame: Frame) -> tuple[str | None, bool]:
         """Why a frame must not be used (its size, a frozen camera) and whether it is stale; ``(None, False)``: usable."""

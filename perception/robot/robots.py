@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from perception.core.grasp import Grasp
+from perception.core.outcomes import MEASURED_FIELDS, OutcomeError, check_measured
 from perception.robot.plugins import load_registered, registered
 
 __all__ = [
@@ -84,13 +85,19 @@ class GraspRequest:
 
 @dataclass
 class Outcome:
-    """What the robot reports: ``success`` is ``None`` when it does not know."""
+    """What the robot reports: ``success`` is ``None`` when it does not know; the measured fields
+    (:mod:`perception.core.outcomes`: ``contact_stop``, ``fingertip_z`` metres in ``B``, ``jaw_width``
+    metres) are ``None`` when it does not measure them (a dry run leaves them out)."""
 
     success: bool | None = None
     detail: dict = field(default_factory=dict)
+    contact_stop: bool | None = None
+    fingertip_z: float | None = None
+    jaw_width: float | None = None
 
     def to_dict(self) -> dict:
-        return {"success": self.success, **({"detail": self.detail} if self.detail else {})}
+        measured = {k: getattr(self, k) for k in MEASURED_FIELDS if getattr(self, k) is not None}
+        return {"success": self.success, **measured, **({"detail": self.detail} if self.detail else {})}
 
 
 class RobotAdapter(abc.ABC):
@@ -140,7 +147,13 @@ def _parse_outcome(obj: Any, expect_id: int | None) -> Outcome:
     success = obj.get("success")
     if success is not None and not isinstance(success, bool):
         raise RobotError(f"'success' must be true, false or null, got {success!r}")
-    return Outcome(success, {k: v for k, v in obj.items() if k not in ("id", "success", "type")})
+    measured = {k: obj.get(k) for k in MEASURED_FIELDS}
+    try:  # POST /v1/outcome's rules; fingertip_z's range is checked by the loop, which knows table_z
+        check_measured(measured, table_z=None)
+    except OutcomeError as exc:
+        raise RobotError(f"the controller's outcome is malformed: {exc}") from None
+    return Outcome(success, {k: v for k, v in obj.items() if k not in ("id", "success", "type", *MEASURED_FIELDS)},
+                   **measured)
 
 
 class JsonLinesRobot(RobotAdapter):

@@ -55,6 +55,7 @@ from perception.core.artifact import PRECISIONS, ArtifactError, PolicyRunner, ch
 from perception.core.calibration import Calibration, CalibrationError
 from perception.core.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
 from perception.core.imageio import ImageDecodeError, decode_image, encode_image
+from perception.core.outcomes import FINGERTIP_Z_RANGE_M, JAW_WIDTH_RANGE_M, OutcomeError, parse_outcome
 from perception.core.overlay import draw_decoded
 from perception.core.preprocess import PreprocessError
 from perception.core.recording import Recording, attempt_key, load_attempts
@@ -239,9 +240,15 @@ class GraspService:
             self._answered[attempt_key(n)] = (int(dec.angle_bin), float(dec.grasp.quality))
         return attempt_key(n)
 
-    def record_outcome(self, attempt_id: str, success: bool) -> bool:
-        """Write a reported outcome (fsynced); ``False``: an unknown attempt."""
-        known = self.recording.record_outcome(attempt_id, {"success": bool(success), "source": "http"})
+    def record_outcome(self, attempt_id: str, outcome: dict) -> bool:
+        """Write a reported outcome (fsynced), every field it was given kept; ``False``: an unknown attempt.
+
+        Args:
+            outcome: checked by :func:`perception.core.outcomes.parse_outcome` (``success`` and the
+                optional measured fields).
+        """
+        success = bool(outcome["success"])
+        known = self.recording.record_outcome(attempt_id, {"source": "http", **outcome})
         if known and self.repeats is not None:
             self.repeats.reported(attempt_id, bool(success))
         if known and self.online is not None and attempt_id in self._answered:
@@ -545,11 +552,22 @@ _OUTCOME_ROUTE = dict(
         409: {"model": ErrorAnswer, "description": "the service is not recording (no record_dir)"},
         413: {"model": ErrorAnswer, "description": f"body over {MAX_OUTCOME_BYTES} bytes"},
         415: {"model": ErrorAnswer, "description": "not application/json"},
-        422: {"model": ErrorAnswer, "description": "attempt_id (a non-empty string) or success (a boolean) missing"},
+        422: {"model": ErrorAnswer, "description": "attempt_id (a non-empty string) or success (a boolean) missing, "
+                                                   "or a measured field of the wrong type, not finite or out of range "
+                                                   "(nothing is stored)"},
     },
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "required": ["attempt_id", "success"],
-        "properties": {"attempt_id": {"type": "string"}, "success": {"type": "boolean"}}}}}}},
+        "type": "object", "required": ["attempt_id", "success"], "additionalProperties": True,
+        "properties": {
+            "attempt_id": {"type": "string"}, "success": {"type": "boolean"},
+            "contact_stop": {"type": ["boolean", "null"],
+                             "description": "the descent stopped on contact before reaching the grasp's z"},
+            "fingertip_z": {"type": ["number", "null"],
+                            "description": "metres in B: the fingertip height where the descent ended, within "
+                                           f"[table_z{FINGERTIP_Z_RANGE_M[0]:+g}, table_z{FINGERTIP_Z_RANGE_M[1]:+g}]"},
+            "jaw_width": {"type": ["number", "null"], "minimum": JAW_WIDTH_RANGE_M[0], "maximum": JAW_WIDTH_RANGE_M[1],
+                          "description": "metres: the opening after closing, before the lift (near 0: nothing held)"},
+        }}}}}},
 )
 
 
@@ -779,13 +797,15 @@ class _Routes:
             return _error(400, "the body is not JSON an outcome can be: nested too deeply")
         if not isinstance(obj, dict):
             return _error(422, 'the body must be an object {"attempt_id": "...", "success": true|false}')
-        attempt_id, success = obj.get("attempt_id"), obj.get("success")
+        attempt_id = obj.get("attempt_id")
         if not isinstance(attempt_id, str) or not attempt_id:
             return _error(422, "attempt_id must be a non-empty string (the one /v1/grasp answered)")
-        if not isinstance(success, bool):
-            return _error(422, f"success must be true or false, got {success!r}")
         try:
-            known = await anyio.to_thread.run_sync(self.svc.record_outcome, attempt_id, success)
+            outcome = parse_outcome(obj, self.svc.calib.table_z)
+        except OutcomeError as exc:
+            return _error(422, str(exc))
+        try:
+            known = await anyio.to_thread.run_sync(self.svc.record_outcome, attempt_id, outcome)
         except OSError as exc:
             log.error("writing an outcome failed: %s", exc)
             return _error(503, "the outcome could not be written; retry", {"Retry-After": "1"})

@@ -146,17 +146,24 @@ def test_loop_threshold_blocks_everything(artifact_dir, frames_dir, tmp_path):
 def test_jsonl_robot_protocol():
     from perception.core.grasp import Grasp
 
-    out, inp = io.StringIO(), io.StringIO('{"id": 1, "success": true, "lifted_m": 0.2}\nnot json\n')
+    out, inp = io.StringIO(), io.StringIO(
+        '{"id": 1, "success": true, "lifted_m": 0.2, "contact_stop": true, "fingertip_z": 0.041, "jaw_width": 0}\n'
+        '{"id": 2, "success": false, "jaw_width": "wide"}\nnot json\n')
     robot = JsonLinesRobot(out=out, inp=inp, timeout=None)
     g = Grasp((0.5, 0.0, 0.02), 0.1, 0.05, 0.9)
     outcome = robot.execute(GraspRequest(1, g, (300.0, 200.0)))
     assert outcome.success is True and outcome.detail == {"lifted_m": 0.2}
+    # What the controller measured (CONTRACT.md section 7) is the outcome's own, recorded as sent.
+    assert outcome.to_dict() == {"success": True, "contact_stop": True, "fingertip_z": 0.041, "jaw_width": 0,
+                                 "detail": {"lifted_m": 0.2}}
     sent = json.loads(out.getvalue().splitlines()[0])
     assert sent["type"] == "grasp" and sent["grasp"]["position"] == [0.5, 0.0, 0.02]
-    with pytest.raises(RobotError, match="not JSON"):
+    with pytest.raises(RobotError, match="jaw_width must be a number"):
         robot.execute(GraspRequest(2, g))
-    with pytest.raises(RobotError, match="closed"):
+    with pytest.raises(RobotError, match="not JSON"):
         robot.execute(GraspRequest(3, g))
+    with pytest.raises(RobotError, match="closed"):
+        robot.execute(GraspRequest(4, g))
 
 
 def test_http_robot_unreachable_and_specs():

@@ -136,6 +136,40 @@ def test_the_service_records_what_it_answers_and_takes_outcomes(recording_server
     assert "sim2real_recording_refused 2.0" in metrics and "sim2real_recorded_attempts 6.0" in metrics
 
 
+def test_measured_outcome_fields_are_stored_as_given_and_malformed_ones_store_nothing(recording_server, png_bytes,
+                                                                                     tmp_path, calib):
+    url = recording_server.url
+    attempt = _grasp(url, png_bytes).json()["attempt_id"]
+    table_z = calib.table_z
+    outcomes = recording_server.record_dir / OUTCOMES_FILE
+    # Every field, an integer where a number goes, an unknown key: stored exactly as given.
+    given = {"attempt_id": attempt, "success": False, "contact_stop": True, "fingertip_z": table_z + 0.043,
+             "jaw_width": 0, "gripper_force_n": 2.9}
+    assert _outcome(url, given).json() == {"recorded": True}
+    stored = load_attempts(recording_server.record_dir)[0]["outcome"]
+    assert stored == {"source": "http", **{k: v for k, v in given.items() if k != "attempt_id"}}
+    assert isinstance(stored["jaw_width"], int)
+    # null is "not known": kept as null.
+    assert _outcome(url, {"attempt_id": attempt, "success": True, "fingertip_z": None}).status_code == 200
+    size = outcomes.stat().st_size
+    malformed = [
+        {"contact_stop": "yes"}, {"contact_stop": 1}, {"fingertip_z": "0.04"}, {"fingertip_z": True},
+        {"fingertip_z": table_z - 0.051}, {"fingertip_z": table_z + 1.001}, {"fingertip_z": 10 ** 400},
+        {"jaw_width": -0.001}, {"jaw_width": 0.1001}, {"jaw_width": [0.03]},
+    ]
+    for fields in malformed:
+        r = _outcome(url, {"attempt_id": attempt, "success": True, **fields})
+        assert r.status_code == 422 and next(iter(fields)) in r.json()["detail"], (fields, r.text)
+    # NaN and Infinity are what Python's json writes for them (not JSON, but json.loads reads them).
+    for raw in (b"NaN", b"Infinity", b"-Infinity", b"1e999"):
+        body = b'{"attempt_id": "%s", "success": true, "fingertip_z": %s}' % (attempt.encode(), raw)
+        assert _outcome(url, body).status_code == 422, raw
+    assert outcomes.stat().st_size == size  # nothing of the malformed ones was stored
+    # A later outcome without the fields replaces the earlier one whole (CONTRACT.md section 7).
+    assert _outcome(url, {"attempt_id": attempt, "success": True}).status_code == 200
+    assert load_attempts(recording_server.record_dir)[0]["outcome"] == {"source": "http", "success": True}
+
+
 def test_outcomes_without_a_recording_are_refused_before_the_body(live_server, png_bytes):
     # live_server has no record_dir: 409; without the token: 401 before anything is read.
     r = httpx.post(live_server.url + "/v1/outcome", json={"attempt_id": "1", "success": True}, headers=AUTH)

@@ -157,6 +157,9 @@ def test_eval_config_composes():
     assert cfg.no_grasp in ("end_episode", "attempt")
 
 
+# The table view's run of this test is in the slow tier: the camera view's covers the same code path
+# (the fast tier stays under 10 minutes on 2 cores).
+@pytest.mark.parametrize("view", ["camera", pytest.param("table", marks=pytest.mark.slow)], indirect=True)
 def test_eval_cli_writes_json(tmp_path, calib, view):
     import json
     import subprocess

@@ -55,6 +55,20 @@ def _record(folder, calib, outcomes, calibration_for_header=None):
     return folder
 
 
+def test_the_fine_tune_reads_measured_fields_and_recordings_made_before_them(tmp_path, calib):
+    from perception.core.outcomes import measured
+
+    folder = _record(tmp_path / "r", calib, [None, None])
+    rec = Recording(folder, calib, source="serve")
+    rec.record_outcome("000001", {"success": False, "contact_stop": True, "fingertip_z": calib.table_z + 0.03,
+                                  "jaw_width": 0.0, "source": "http"})
+    rec.record_outcome("000002", {"success": True, "source": "http"})  # as recorded before the fields existed
+    rec.close()
+    attempts = load_labelled_attempts([folder], calib)
+    assert [measured(a["outcome"]) for a in attempts] == [
+        {"contact_stop": True, "fingertip_z": calib.table_z + 0.03, "jaw_width": 0.0}, {}]
+
+
 def test_blocks_are_contiguous_and_the_guard_keeps_scenes_apart():
     train, check = split_blocks(100, 0.2, 10)
     assert check.tolist() == list(range(80, 100)) and train.tolist() == list(range(0, 70))
