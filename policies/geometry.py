@@ -208,24 +208,34 @@ class GeometryModule(TimedCosineModule):
     """
 
     def __init__(self, network: dict | None = None, loss: dict | None = None, optim: dict | None = None,
-                 view: dict | None = None, calibration: dict | None = None, config: dict | None = None) -> None:
+                 view: dict | None = None, calibration: dict | None = None, config: dict | None = None,
+                 channels_last: bool = False) -> None:
         super().__init__(optim)
         network = dict(network or {})
         self.save_hyperparameters({"network": network, "loss": loss, "optim": optim, "view": view,
-                                   "calibration": calibration, "config": config})
+                                   "calibration": calibration, "config": config, "channels_last": channels_last})
         self.net = GeometryNet(**network_kwargs(network))
         self.loss_cfg = {"height_weight": 20.0, "mask_weight": 1.0, "object_weight": 4.0, **(loss or {})}
+        self.channels_last = bool(channels_last)
+
+    def on_fit_start(self) -> None:
+        if self.channels_last:
+            self.net.to(memory_format=torch.channels_last)
+
+    def _image(self, batch: dict) -> torch.Tensor:
+        x = batch["image"]
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.net(image)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        losses = geometry_losses(self.net(batch["image"]), batch, self.loss_cfg)
+        losses = geometry_losses(self.net(self._image(batch)), batch, self.loss_cfg)
         self.log_losses("train", losses, batch["image"].shape[0])
         return losses["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        out = self.net(batch["image"])
+        out = self.net(self._image(batch))
         n = batch["image"].shape[0]
         self.log_losses("val", geometry_losses(out, batch, self.loss_cfg), n, prog_bar=False)
         known, obj = batch["known"], batch["object_target"]
@@ -310,7 +320,7 @@ def train_geometry(
     module = GeometryModule(
         network=g["network"], loss=g["loss"],
         optim={**g["optim"], "max_steps": int(g["max_steps"]), "max_time_s": g.get("max_time_s")},
-        view=view.to_dict(), calibration=calib.to_dict(), config=g,
+        view=view.to_dict(), calibration=calib.to_dict(), config=g, channels_last=bool(g.get("channels_last", False)),
     )
     if g.get("init_from"):
         from policies.base import load_base
@@ -349,7 +359,7 @@ def train_geometry(
         raise
     train_time = time.perf_counter() - t0
     tlog.finish()
-    net = module.net.cpu().eval()
+    net = module.net.cpu().eval().to(memory_format=torch.contiguous_format)  # saved and exported as usual
     errors = geometry_errors(net, val_ds) if val_ds is not None else {}
     info = {
         "format": GEOMETRY_FORMAT,
