@@ -173,8 +173,8 @@ class TorchGeometry:
         from omegaconf import OmegaConf
 
         from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
-        from policies.base import BaseError
         from policies.geometry import load_geometry_net
+        from policies.weights import BaseError
 
         try:
             self.net, self.data = load_geometry_net(name)

@@ -36,6 +36,7 @@ from perception.core.atomic import default_dir_mode, default_file_mode
 from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD
+from policies.geometry import geometry_net, geometry_view
 from policies.networks import ExportWrapper, GraspNet
 
 __all__ = ["export_artifact", "export_onnx", "export_graph", "graph_max_diff", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
@@ -157,7 +158,6 @@ GEOMETRY_OUTPUT_NAMES = ("height", "part")
 
 def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify_atol: float) -> dict:
     """Write the geometry graph into the artifact folder ``tmp``; its ``metadata.json`` entry."""
-    from policies.geometry import geometry_net, geometry_view
     from policies.networks import GeometryExport
 
     base = geometry["base"]
@@ -219,7 +219,7 @@ def export_artifact(
         training: extra facts stored under ``training`` (metrics, dataset, steps).
         verify_atol: maximum allowed onnxruntime vs torch difference.
         sample_inputs: ``(N, 3, H, W)`` inputs for the check (random ones are added).
-        geometry: ``{"base": a geometry base (policies.base.load_base), "options":
+        geometry: ``{"base": a geometry base (policies.weights.load_base), "options":
             policy.geometry_decode, "info": {name, digest}}``: also write the geometry graph
             (``geometry.onnx``, on the camera view of ``calibration``); ``None``: none.
 

@@ -44,6 +44,7 @@ from perception.core.preprocess import preprocess, to_network_input
 from perception.core.progress import progress
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
+from policies.weights import load_base
 from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = ["GeometryFrames", "geometry_item", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
@@ -68,8 +69,7 @@ def geometry_net(data: dict) -> GeometryNet:
 
 def load_geometry_net(name: str | Path) -> tuple[GeometryNet, dict]:
     """A shipped (or saved) geometry network, in eval mode, and its file's contents
-    (:func:`policies.base.load_base` with :data:`GEOMETRY_FORMAT`: nothing unpickled)."""
-    from policies.base import load_base
+    (:func:`policies.weights.load_base` with :data:`GEOMETRY_FORMAT`: nothing unpickled)."""
 
     data = load_base(name, GEOMETRY_FORMAT)
     return geometry_net(data), data
@@ -323,7 +323,6 @@ def train_geometry(
         view=view.to_dict(), calibration=calib.to_dict(), config=g, channels_last=bool(g.get("channels_last", False)),
     )
     if g.get("init_from"):
-        from policies.base import load_base
 
         module.net.load_state_dict(load_base(g["init_from"], GEOMETRY_FORMAT)["state_dict"])
         log.info("geometry: continuing from %s", g["init_from"])

@@ -31,7 +31,9 @@ from conf.schema import Augment, section_problems
 from perception.core.atomic import atomic_write_text
 from perception.core.jsonio import write_json
 from policies.data import TranslateFn, make_policy_datasets
+from policies.geometry import GEOMETRY_FORMAT
 from policies.module import GraspPolicyModule
+from policies.weights import base_digest, check_base_fits, load_base
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,14 +68,9 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         if problems := section_problems(Augment, pcfg.augment, "policy.augment", partial=True):
             raise ValueError("; ".join(problems))
     if pcfg.get("base"):
-        from policies.base import check_base_fits, load_base
-
         check_base_fits(load_base(pcfg.base), OmegaConf.to_container(pcfg, resolve=True)
                         if isinstance(pcfg, DictConfig) else dict(pcfg))
     if pcfg.get("geometry"):
-        from policies.base import load_base
-        from policies.geometry import GEOMETRY_FORMAT
-
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
@@ -288,7 +285,6 @@ def _start_weights(module: GraspPolicyModule, pcfg: DictConfig, init_from: str |
         return None
     if not pcfg.get("base") or resume is not None:
         return None
-    from policies.base import base_digest, load_base
 
     module.load_state_dict(load_base(pcfg.base)["state_dict"])
     base_info = {"name": str(pcfg.base), "digest": base_digest(pcfg.base)}
@@ -343,9 +339,6 @@ def geometry_export(pcfg: DictConfig | dict) -> dict | None:
     pcfg = policy_config(pcfg)
     if not pcfg.get("geometry"):
         return None
-    from policies.base import base_digest, load_base
-    from policies.geometry import GEOMETRY_FORMAT
-
     opts = pcfg.get("geometry_decode")
     return {"base": load_base(pcfg.geometry, GEOMETRY_FORMAT),
             "options": OmegaConf.to_container(opts, resolve=True) if isinstance(opts, DictConfig) else dict(opts or {}),

@@ -15,12 +15,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from perception.core.frames import invert_transform
 from perception.core.jsonio import write_json
 
 __all__ = ["Calibration", "CalibrationError", "MIN_WORKSPACE_VISIBLE", "calibration_path", "default_calibration_path",
+           "project_points",
            "load_calibration"]
 
 log = logging.getLogger(__name__)
@@ -264,8 +266,6 @@ class Calibration:
     def workspace_visible_share(self, n: int = 21) -> float:
         """The share of the workspace at table height that the camera sees: of an ``n x n``
         grid of points on it, those in front of the camera that project inside the image."""
-        from perception.core.geometry import project_points  # local: geometry imports us
-
         (x0, x1), (y0, y1) = self.workspace_x, self.workspace_y
         gx, gy = np.meshgrid(np.linspace(x0, x1, n), np.linspace(y0, y1, n))
         pts = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, self.table_z)], axis=1)
@@ -286,8 +286,6 @@ class Calibration:
         is below ``min_share`` or the workspace is behind the camera, warn when part of it is
         out of view (the project never answers a grasp there: the decode keeps to what the
         camera sees)."""
-        from perception.core.geometry import project_points  # local: geometry imports us
-
         corners = self.workspace_corners()
         cam = (self.T_camera_base[:3, :3] @ corners.T).T + self.T_camera_base[:3, 3]
         if np.any(cam[:, 2] <= 0.05):
@@ -308,3 +306,20 @@ class Calibration:
         log.warning("calibration: %.1f%% of the workspace is outside the camera's view (%s); no grasp is "
                     "answered where the camera does not see", 100 * (1 - share), where)
         return share
+
+
+def project_points(points_base: np.ndarray, calib: Calibration) -> np.ndarray:
+    """Project base-frame points to raw (distorted) pixels, as ``cv2.projectPoints``.
+
+    Args:
+        points_base: ``(N, 3)`` points in ``B``.
+        calib: the camera.
+
+    Returns:
+        ``(N, 2)`` float64 pixel coordinates ``(u, v)``.
+    """
+    pts = np.asarray(points_base, dtype=np.float64).reshape(-1, 3)
+    T = calib.T_camera_base
+    rvec, _ = cv2.Rodrigues(T[:3, :3])
+    uv, _ = cv2.projectPoints(pts, rvec, T[:3, 3], calib.K, calib.dist)
+    return uv.reshape(-1, 2)

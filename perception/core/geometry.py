@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from perception.core.calibration import Calibration
+# project_points is the camera model's own (the calibration's); it is part of this module's API too.
+from perception.core.calibration import Calibration, project_points
 from perception.core.frames import transform_points
 
 __all__ = [
@@ -45,23 +46,6 @@ __all__ = [
     "camera_heights_to_surface",
     "SurfaceRebuild",
 ]
-
-
-def project_points(points_base: np.ndarray, calib: Calibration) -> np.ndarray:
-    """Project base-frame points to raw (distorted) pixels, as ``cv2.projectPoints``.
-
-    Args:
-        points_base: ``(N, 3)`` points in ``B``.
-        calib: the camera.
-
-    Returns:
-        ``(N, 2)`` float64 pixel coordinates ``(u, v)``.
-    """
-    pts = np.asarray(points_base, dtype=np.float64).reshape(-1, 3)
-    T = calib.T_camera_base
-    rvec, _ = cv2.Rodrigues(T[:3, :3])
-    uv, _ = cv2.projectPoints(pts, rvec, T[:3, 3], calib.K, calib.dist)
-    return uv.reshape(-1, 2)
 
 
 #: Iterations of the point undistortion (the default 5 leaves ~0.1 px at the corners).

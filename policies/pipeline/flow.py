@@ -290,8 +290,8 @@ def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator: Any,
                   adapt_hash: str) -> tuple[dict, dict, str]:
     """The policy, trained (from the base) on the sim frames seen through the translator;
     training exports the artifact into the stage. Returns its resolved config too."""
-    from policies.base import base_digest
     from policies.train import train_policy
+    from policies.weights import base_digest
 
     cfg, seed = run.cfg, run.seed
     p_cfg = to_plain(cfg.policy)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from perception.core.calibration import CalibrationError
-from policies.base import BaseError, base_path, camera_mount, load_base, train_base
+from policies.base import camera_mount, train_base
 from policies.train import check_policy_config, train_policy
+from policies.weights import BaseError, base_path, load_base
 
 
 def _axis_hits_table(calib):
@@ -119,7 +120,7 @@ def test_the_shipped_base_loads_without_pickled_code_and_fits_the_default_policy
 
     from omegaconf import OmegaConf
 
-    from policies.base import BASE_DIR, check_base_fits
+    from policies.weights import BASE_DIR, check_base_fits
     from sim_render.api import compose_config
 
     cfg = compose_config("pipeline", [])

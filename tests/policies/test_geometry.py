@@ -110,7 +110,7 @@ def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floo
 
     cfg = compose_config("pipeline")  # the shipped defaults: geometry network, on-part gate
     pcfg = OmegaConf.to_container(cfg.policy, resolve=True)
-    from policies.base import load_base
+    from policies.weights import load_base
 
     base = load_base(pcfg["base"])
     module = GraspPolicyModule(network=base["network"])

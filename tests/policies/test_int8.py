@@ -30,8 +30,8 @@ def frames(calib):
 
 def _artifact(path, calib):
     """A small policy with trained-like batch-norm statistics and the shipped geometry graph."""
-    from policies.base import load_base
     from policies.geometry import GEOMETRY_FORMAT
+    from policies.weights import load_base
 
     torch.manual_seed(0)
     net = GraspNet(angle_bins=6, base_channels=8).train()
