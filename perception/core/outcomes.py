@@ -46,9 +46,10 @@ class OutcomeError(ValueError):
     """A malformed outcome: the service answers it ``422``, the loop refuses the robot's report."""
 
 
-def _number(name: str, value: Any, low: float, high: float) -> float | None:
+def _number(name: str, value: Any, low: float, high: float) -> None:
+    """Refuse ``value`` unless it is null or a finite number (int or float) within ``[low, high]``."""
     if value is None:
-        return None
+        return
     # bool is an int in Python, and true is not a height.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise OutcomeError(f"{name} must be a number (metres) or null, got {value!r}")
@@ -60,7 +61,6 @@ def _number(name: str, value: Any, low: float, high: float) -> float | None:
         raise OutcomeError(f"{name} must be a finite number (metres), got {value!r}")
     if not low <= x <= high:
         raise OutcomeError(f"{name} must be within [{low:.3f}, {high:.3f}] m, got {x:g}")
-    return value
 
 
 def parse_outcome(obj: dict, table_z: float | None) -> dict[str, Any]:
