@@ -129,6 +129,46 @@ def fit_cell(args: tuple[dict, int, int, str, bool]) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
+#: The workspace error's points: a grid over the workspace at these heights above the table (m).
+WORKSPACE_GRID, WORKSPACE_HEIGHTS = 15, (0.0, 0.04)
+
+
+def workspace_error_mm(true: Calibration, T: np.ndarray) -> float:
+    """How far from the truth a camera at pose ``T`` puts what it sees in the workspace (mm).
+
+    Each point of a grid over the workspace (on the table and 40 mm above it, where parts'
+    tops are) is projected through the true camera, and the pixel cast back through ``T``
+    onto the point's own height; the median distance to the point. This is the error a
+    grasp found at that pixel would carry: a slide along the turn-and-move ridge, which
+    moves the camera centre far, moves it little (the pose error alone reads it as wrong).
+    """
+    (x0, x1), (y0, y1) = true.workspace_x, true.workspace_y
+    gx, gy = np.meshgrid(np.linspace(x0, x1, WORKSPACE_GRID), np.linspace(y0, y1, WORKSPACE_GRID))
+    errors = []
+    for dz in WORKSPACE_HEIGHTS:
+        z = true.table_z + dz
+        points = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, z)], axis=1)
+        Tt = true.T_base_camera
+        rays = (points - Tt[:3, 3]) @ Tt[:3, :3]          # camera frame of the true pose
+        rays_b = rays @ T[:3, :3].T                          # the same pixels' rays, from pose T
+        s = (z - T[2, 3]) / rays_b[:, 2]
+        errors.append(np.linalg.norm(T[:3, 3] + rays_b * s[:, None] - points, axis=1))
+    return float(np.median(np.concatenate(errors)) * 1e3)
+
+
+def workspace_outcome(rec: dict, accepted: bool) -> tuple[str | None, float, float | None]:
+    """(outcome, given, fit) by the workspace error: the outcome as :func:`outcome`'s, with
+    ``workspace_error_mm`` for the distance; None for a stored fit without its pose."""
+    true = Calibration.load(default_calibration_path())
+    given = workspace_error_mm(true, perturb(true.T_base_camera, np.asarray(rec["x"])))
+    if "fit_T_base_camera" not in rec:
+        return None, given, None
+    fit = workspace_error_mm(true, np.asarray(rec["fit_T_base_camera"]))
+    if not accepted:
+        return "kept", given, fit
+    return ("wrong" if fit > given else "recovered" if fit <= given / 2 else "improved"), given, fit
+
+
 def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[str, str]:
     """(outcome, the decision's reason) of a stored fit under the current rule."""
     accepted, reason = decide(rec["evidence"], st, acc)  # the contrast and correction limits: the same with measured walls
@@ -141,36 +181,53 @@ def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[str, st
     return "improved", reason
 
 
-def table(records: list[dict], st: RefineSettings, acc: AcceptSettings) -> dict:
-    print("| cell | wall mm (h / t) | given mm / deg | fit mm / deg | outcome | rival share | halves mm / deg "
-          "| sigma mm | gain | why kept |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    counts = {k: 0 for k in ("recovered", "kept", "improved", "wrong")}
-    big = {k: 0 for k in counts}
+def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
+    """Print a row a cell and the counts; return the counts (pose error and workspace error)."""
+    print("| cell | wall mm (h / t) | given mm / deg | fit mm / deg | outcome | workspace error given / fit mm "
+          "| by workspace error | rival share | halves mm / deg | sigma mm | gain | why kept |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    kinds = ("recovered", "kept", "improved", "wrong")
+    counts, big = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0)
+    ws_counts, ws_big = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0)
     right = {"kept": 0, "within_1mm": 0, "other": 0}
     for rec in sorted(records, key=lambda r: r["cell"]):
-        out, reason = outcome(rec, st, acc)
+        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc)
+        ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept")
         e = rec["evidence"]
         counts[out] += 1
         if rec["before_mm"] >= 5.0:
             big[out] += 1
+        if ws_out is not None:
+            ws_counts[ws_out] += 1
+            if ws_given >= 5.0:
+                ws_big[ws_out] += 1
         if rec["right"]:
             key = "kept" if out == "kept" else "within_1mm" if rec["fit_mm"] <= 1.0 else "other"
             right[key] += 1
+        fit_ws = "n/a" if ws_fit is None else f"{ws_fit:.1f}"
         print(f"| {rec['cell']}{' (right)' if rec['right'] else ''} | {rec['height'] * 1e3:.0f} / "
               f"{rec['thickness'] * 1e3:.1f} | {rec['before_mm']:.1f} / {rec['before_deg']:.2f} | {rec['fit_mm']:.1f} / "
-              f"{rec['fit_deg']:.2f} | {out} | {e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} | "
+              f"{rec['fit_deg']:.2f} | {out} | {ws_given:.1f} / {fit_ws} | {ws_out or 'n/a'} | "
+              f"{e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} | "
               f"{e['sigma_mm']:.1f} | {e['explained'] - e['explained_given']:.2f} | "
               f"{reason.split(':')[0] if out == 'kept' else ''} |")
     n, n_big = len(records), sum(big.values())
+    n_ws, n_ws_big = sum(ws_counts.values()), sum(ws_big.values())
     summary = {"cells": n, **counts, "big_error_cells": n_big, "big_recovered": big["recovered"],
-               "right_cells": sum(right.values()), **{f"right_{k}": v for k, v in right.items()}}
+               "right_cells": sum(right.values()), **{f"right_{k}": v for k, v in right.items()},
+               "workspace": {"cells": n_ws, **ws_counts, "big_error_cells": n_ws_big,
+                             "big_recovered": ws_big["recovered"]}}
     print()
     print(f"{counts['recovered']}/{n} recovered, {counts['kept']}/{n} kept as given, {counts['improved']}/{n} improved "
           f"(not halved), {counts['wrong']}/{n} written wrong; of the {n_big} cells given >= 5 mm off: "
           f"{big['recovered']} recovered ({100 * big['recovered'] / max(n_big, 1):.0f}%); of the "
           f"{sum(right.values())} right calibrations: {right['kept']} kept, {right['within_1mm']} written within 1 mm, "
           f"{right['other']} written further")
+    if n_ws:
+        print(f"by the workspace error ({n_ws} fits with their pose): {ws_counts['recovered']} recovered, "
+              f"{ws_counts['improved']} improved, {ws_counts['wrong']} written wrong; of the {n_ws_big} cells whose "
+              f"given calibration is >= 5 mm off in the workspace: {ws_big['recovered']} recovered "
+              f"({100 * ws_big['recovered'] / max(n_ws_big, 1):.0f}%)")
     return summary
 
 
@@ -284,7 +341,7 @@ def main() -> int:
         cells = [measure_cell(folder) for folder in args.cell]
         print(json.dumps({"cells": cells}))
         return 0
-    st, acc = RefineSettings.defaults(), AcceptSettings.defaults()
+    acc = AcceptSettings.defaults()
     path = args.out / f"{args.look}_seed{args.seed}_f{args.frames}{'_walls' if args.measured_walls else ''}.jsonl"
     done = {}
     if path.exists():
@@ -309,7 +366,7 @@ def main() -> int:
                 done[rec["cell"]] = rec
                 print(f"cell {rec['cell']} fitted ({k}/{len(todo)}, {rec['seconds']:.0f} s)", file=sys.stderr)
     records = [done[c] for c in range(args.cells) if c in done]
-    summary = table(records, st, acc)
+    summary = table(records, args.seed, acc)
     print(json.dumps({"look": args.look, "seed": args.seed, "frames": args.frames, **summary}))
     return 0
 

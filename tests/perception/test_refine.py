@@ -80,6 +80,19 @@ def test_the_rule_keeps_the_calibration_unless_every_test_passes(spoil, why):
     assert not accepted and why in reason, reason
 
 
+def test_measured_walls_take_the_looser_ridge_limit_and_only_they():
+    acc = AcceptSettings.defaults(min_gain=0.5, max_sigma_mm=5.0, max_sigma_mm_measured=15.0)
+    loose = {**STRONG, "sigma_mm": 10.0}
+    fitted = RefineSettings.defaults()
+    measured = RefineSettings.defaults(wall_height=0.04, wall_thickness=0.01)
+    half = RefineSettings.defaults(wall_height=0.04)  # thickness still fitted: the strict limit
+    assert not decide(loose, fitted, acc)[0]
+    assert not decide(loose, half, acc)[0]
+    assert decide(loose, measured, acc)[0]
+    accepted, reason = decide({**STRONG, "sigma_mm": 20.0}, measured, acc)
+    assert not accepted and "with the walls measured" in reason, reason
+
+
 def test_accept_settings_come_from_the_config_and_are_checked(tmp_path, calib_file, capsys):
     acc = AcceptSettings.defaults()
     assert 0 < acc.max_rival_share <= 1

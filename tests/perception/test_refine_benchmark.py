@@ -1,0 +1,60 @@
+"""The refine benchmark's judge of a written calibration: the workspace error
+(``benchmarks/refine.py``), against poses whose effect is known in closed form."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from perception.core.calibration import Calibration, default_calibration_path
+from perception.core.refine import perturb, pose_change
+
+# benchmarks/ is a folder of scripts, not an installed package: loaded from its file.
+_spec = importlib.util.spec_from_file_location("bench_refine", Path(__file__).resolve().parents[2] / "benchmarks"
+                                               / "refine.py")
+_bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _bench
+_spec.loader.exec_module(_bench)
+workspace_error_mm, workspace_outcome = _bench.workspace_error_mm, _bench.workspace_outcome
+
+
+def test_the_workspace_error_is_zero_for_the_truth_and_a_shift_for_a_level_move():
+    true = Calibration.load(default_calibration_path())
+    assert workspace_error_mm(true, true.T_base_camera) < 1e-9
+    # The camera moved 5 mm level (x, y), turning not at all: every pixel's ray moves 5 mm with it.
+    moved = perturb(true.T_base_camera, np.array([0, 0, 0, 0.003, 0.004, 0.0]))
+    assert abs(workspace_error_mm(true, moved) - 5.0) < 1e-6
+
+
+def test_a_slide_along_the_ridge_moves_the_workspace_less_than_the_camera_centre():
+    true = Calibration.load(default_calibration_path())
+    T = true.T_base_camera
+    # Turn the camera about an axis through the workspace centre: the centre's pixel stays, and
+    # the camera centre moves far. The pose error reads it as large; the workspace error does not.
+    centre = true.workspace_center
+    angle = math.radians(2.0)
+    axis = np.array([0.0, 0.0, 1.0])
+    K = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    R = np.eye(3) + math.sin(angle) * K + (1 - math.cos(angle)) * K @ K
+    turned = np.eye(4)
+    turned[:3, :3] = R @ T[:3, :3]
+    turned[:3, 3] = centre + R @ (T[:3, 3] - centre)
+    shift_mm = pose_change(T, turned)[0] * 1e3
+    assert shift_mm > 15.0
+    assert workspace_error_mm(true, turned) < shift_mm / 2
+
+
+def test_the_outcome_by_workspace_error():
+    true = Calibration.load(default_calibration_path())
+    x = [0, 0, 0, 0.006, 0.008, 0.0]  # given 10 mm off, level
+    half = perturb(true.T_base_camera, np.array([0, 0, 0, 0.0018, 0.0024, 0.0]))   # 3 mm
+    worse = perturb(true.T_base_camera, np.array([0, 0, 0, 0.009, 0.012, 0.0]))   # 15 mm
+    rec = {"x": x, "fit_T_base_camera": half.tolist()}
+    assert workspace_outcome(rec, accepted=True)[0] == "recovered"
+    assert workspace_outcome(rec, accepted=False)[0] == "kept"
+    assert workspace_outcome({"x": x, "fit_T_base_camera": worse.tolist()}, accepted=True)[0] == "wrong"
+    assert workspace_outcome({"x": x}, accepted=True)[0] is None  # a stored fit without its pose
