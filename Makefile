@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Per-test timeout of the slow tier, seconds.
 SLOW_TIMEOUT ?= 900
 
-.PHONY: install install-robot run test test-slow lint bench clean
+.PHONY: install install-robot run test test-slow lint duplicates bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH, or run: make PYTHON=/path/to/python3.11"; exit 2; }
@@ -42,6 +42,10 @@ test-slow: install
 
 lint: install
 	$(BIN)/ruff check .
+
+## Code written twice (pylint's duplicate-code, six lines; settings in pyproject.toml): run by .ci/run.
+duplicates: install
+	$(BIN)/pylint conf perception sim_render adaptation policies benchmarks tests
 
 bench: install
 	$(BIN)/python benchmarks/render.py

@@ -22,7 +22,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import hydra
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -32,6 +31,7 @@ from adaptation.module import CycleGANModule
 from adaptation.progress import trainer_progress
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
+from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
 
 __all__ = ["main", "train", "compose_config", "resolve_ckpt_path", "build_logger", "REPORT_NAME"]
@@ -288,16 +288,8 @@ def _report(module: CycleGANModule, dm: AdaptDataModule, cfg: DictConfig, out: P
     }
 
 
-@hydra.main(config_path="pkg://conf", config_name="adapt", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from adaptation.data import SimDataError
-    from adaptation.images import RealFramesError
-
-    try:
-        report = train(cfg)
-    except (CalibrationError, RealFramesError, SimDataError, FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"sim2real-adapt: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+def _run(cfg: DictConfig) -> None:
+    report = train(cfg)
     if report.get("adaptation") == "none":
         print("sim2real-adapt: adaptation=none, nothing trained")
         return
@@ -310,10 +302,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.core.cli import hydra_command_checks
+    from adaptation.data import SimDataError
+    from adaptation.images import RealFramesError
 
-    hydra_command_checks("adapt", "sim2real-adapt", __doc__ or "", sys.argv[1:])
-    _hydra_main()
+    run_hydra_command("adapt", "sim2real-adapt", __doc__ or "", _run,
+                      (CalibrationError, RealFramesError, SimDataError, FileNotFoundError, ValueError, KeyError),
+                      writable_dirs=())
 
 
 if __name__ == "__main__":

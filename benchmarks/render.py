@@ -233,9 +233,10 @@ def bench_agreement(n_scenes: int) -> dict:
 
 
 def bench_geometry_frames(n_scenes: int, frames_per_mount: int) -> dict:
+    from conf import to_plain
     from policies.base import camera_mounts
     from policies.geometry_data import GeometrySceneMaker
-    from sim_render.api import compose_config, to_plain
+    from sim_render.api import compose_config
 
     base = compose_config("base")
     calib = Calibration.load(default_calibration_path())

@@ -14,7 +14,7 @@ from typing import Any
 
 from conf.schema import register as register_schemas
 
-__all__ = ["REMOVED_KEYS", "config_default", "policy_default", "removed_key"]
+__all__ = ["REMOVED_KEYS", "as_dict", "config_default", "policy_default", "removed_key", "to_plain", "with_policy_defaults"]
 
 # The schemas (conf/schema.py) go into Hydra's ConfigStore when the config package is
 # imported, which Hydra does (``pkg://conf``) before it composes anything.
@@ -54,3 +54,21 @@ def config_default(path: str, key: str) -> Any:
 def policy_default(key: str) -> Any:
     """A copy of ``conf/policy/default.yaml``'s ``key`` (e.g. ``"targets"``: a dict)."""
     return config_default("policy/default.yaml", key)
+
+
+def to_plain(node: Any) -> Any:
+    """A config node (mapping or list) as plain, resolved Python containers; anything else as is."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def as_dict(section: Any) -> dict:
+    """A config section (a node, a mapping or ``None``) as a new plain dict (``{}`` for None)."""
+    return {} if section is None else dict(to_plain(section))
+
+
+def with_policy_defaults(key: str, given: Any) -> dict:
+    """``conf/policy/default.yaml``'s section ``key`` with the keys of ``given`` (a partial
+    section, a node or ``None``) over it: what a function taking a partial section uses."""
+    return {**policy_default(key), **as_dict(given)}

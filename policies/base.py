@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from conf import to_plain
 from perception.core.calibration import Calibration, CalibrationError, load_calibration
+from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
 from policies.weights import BASE_FORMAT, BaseError
-from sim_render.api import to_plain
 
 __all__ = ["camera_mount", "camera_mounts", "train_base", "render_geometry_base_data", "main"]
 
@@ -223,16 +222,9 @@ def _train_policy_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: f
 
 
 
-@hydra.main(config_path="pkg://conf", config_name="base", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from perception.core.cliutil import fail
-
+def _run(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        res = train_base(cfg)
-    except (CalibrationError, BaseError, ValueError, OSError) as exc:
-        fail("sim2real-train-base", str(exc))
-        return
+    res = train_base(cfg)
     if "policy" in res:
         p, t = res["policy"], res["policy"]["training"]
         print(f"base: {p['base']} ({p['data']['scenes']} scenes, {t['global_step']} steps, "
@@ -248,9 +240,5 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.core.cli import hydra_command_checks
-    from perception.core.cliutil import check_writable_dir_args
-
-    hydra_command_checks("base", "sim2real-train-base", __doc__ or "", sys.argv[1:])
-    check_writable_dir_args("sim2real-train-base", sys.argv[1:])
-    _hydra_main()
+    run_hydra_command("base", "sim2real-train-base", __doc__ or "", _run,
+                      (CalibrationError, BaseError, ValueError, OSError))

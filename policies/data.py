@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
-from conf import policy_default
+from conf import policy_default, with_policy_defaults
 from perception.core.calibration import Calibration
 from perception.core.frames import MIN_TIP_CLEARANCE, transform_points
 from perception.core.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_to_view_pixels
@@ -58,6 +58,7 @@ from perception.core.rule import GRASP_DEPTH
 from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
+    "sample_nearest",
     "augment_item",
     "PolicyFrames",
     "build_targets",
@@ -94,7 +95,9 @@ def view_grids(raw_calib: Calibration, view: NetworkView) -> tuple[np.ndarray, n
     return mx, my, valid
 
 
-def _nearest(arr: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+def sample_nearest(arr: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+    """``arr`` sampled at the maps ``mx``, ``my`` (from :func:`view_maps`) without blending
+    (labels stay labels); 0 outside."""
     return cv2.remap(arr, mx, my, cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
 
 
@@ -111,7 +114,7 @@ def surface_height_view(
         ``depth`` ``(h, w)`` raw; returns ``(H, W)`` view.
     """
     mx, my, valid = view_grids(raw_calib, view)
-    d = _nearest(np.asarray(depth, dtype=np.float32), mx, my)
+    d = sample_nearest(np.asarray(depth, dtype=np.float32), mx, my)
     ok = valid & (d > 0) & np.isfinite(d)
     out = np.full(d.shape, np.nan, dtype=np.float32)
     if not ok.any():
@@ -230,7 +233,7 @@ def build_targets(
         ``height_weight``, ``surface_target`` (the surface above the table, metres),
         ``surface_weight`` ``(H, W)`` float32.
     """
-    opt = {**policy_default("targets"), **(dict(targets) if targets else {})}
+    opt = with_policy_defaults("targets", targets)
     A = int(angle_bins)
     seg_view = np.asarray(seg_view)
     object_mask = (seg_view >= SEG_FIRST_OBJECT) & valid
@@ -376,7 +379,7 @@ def augment_item(
 
     Shapes: ``view_rgb (H, W, 3)`` uint8; targets as :func:`build_targets` returns them.
     """
-    opt = {**policy_default("augment"), **(dict(augment) if augment else {})}
+    opt = with_policy_defaults("augment", augment)
     img = view_rgb
     t = dict(targets)
     if rng.random() < float(opt["hflip"]):
@@ -466,11 +469,11 @@ class PolicyFrames(Dataset):
         self.view = view if view is not None else _spec_view(self.calibration, None, view_size)
         self.angle_bins = int(policy_default("angle_bins") if angle_bins is None else angle_bins)
         self.translator = translator
-        self.targets = {**policy_default("targets"), **(dict(targets) if targets else {})}
+        self.targets = with_policy_defaults("targets", targets)
         self.indices = np.arange(len(self.frames)) if indices is None else np.asarray(indices, dtype=np.int64)
         self.cache = bool(cache)
         self._cache: dict[int, dict] = {}
-        self.augment = None if augment is None else {**policy_default("augment"), **dict(augment)}
+        self.augment = None if augment is None else with_policy_defaults("augment", augment)
         self._seed = int(seed)
         self._rng: np.random.Generator | None = None
         self._rng_key: tuple | None = None
@@ -516,7 +519,7 @@ class PolicyFrames(Dataset):
         raw_calib = self.calibration.scaled((w, h))
         view_rgb = self._translate(preprocess(rgb, self.calibration, self.view), j)
         mx, my, valid = view_grids(raw_calib, self.view)
-        seg_view = _nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
+        seg_view = sample_nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
         surface = surface_height_view(item["depth"], item["camera"], raw_calib, self.view)
         g = item["grasps"]
         uv, angle, _ = labels_to_view(g, raw_calib, self.view)
@@ -639,7 +642,7 @@ def _frame_scenes(frames: Any) -> list[int]:
 def _spec_view(calib: Calibration, spec: dict | None, view_size: Sequence[int] | None) -> NetworkView:
     """The view a spec ``{"kind", **kw}`` and a size describe on ``calib``; what is not given
     (``None``, or a spec without ``kind``) is the config's (``conf/policy/default.yaml``)."""
-    spec = dict(spec) if spec and "kind" in spec else {**policy_default("view"), **dict(spec or {})}
+    spec = dict(spec) if spec and "kind" in spec else with_policy_defaults("view", spec)
     size = policy_default("view_size") if view_size is None else view_size
     return make_view(calib, tuple(int(v) for v in size), str(spec.pop("kind")), **spec)
 

@@ -41,11 +41,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from perception.core.calibration import Calibration
+from perception.core.cli import run_hydra_command
 from perception.core.decode import DecodedGrasp
 from perception.core.jsonio import write_json
 from perception.core.progress import progress
@@ -465,12 +465,8 @@ def run_eval(cfg: DictConfig) -> dict:
     return result
 
 
-@hydra.main(config_path="pkg://conf", config_name="eval", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
+def _run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
-
-    from perception.core.artifact import ArtifactError
-    from perception.core.calibration import CalibrationError
 
     # Hydra has configured the root logger already (basicConfig would do nothing): set its level.
     logging.getLogger().setLevel(logging.INFO if cfg.verbose else logging.WARNING)
@@ -483,15 +479,12 @@ def _hydra_main(cfg: DictConfig) -> None:
             print("sim2real-eval: error: nothing to evaluate: give artifact=DIR (a policy artifact) or "
                   "brackets=[oracle,random] (the reference policies alone)", file=sys.stderr)
             sys.exit(2)
-    try:
-        run_eval(cfg)
-    except (ArtifactError, CalibrationError, ValueError, OSError) as exc:
-        print(f"sim2real-eval: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_eval(cfg)
 
 
 def main() -> None:
-    from perception.core.cli import hydra_command_checks
+    from perception.core.artifact import ArtifactError
+    from perception.core.calibration import CalibrationError
 
-    hydra_command_checks("eval", "sim2real-eval", __doc__ or "", sys.argv[1:])
-    _hydra_main()
+    run_hydra_command("eval", "sim2real-eval", __doc__ or "", _run, (ArtifactError, CalibrationError, ValueError, OSError),
+                      writable_dirs=())

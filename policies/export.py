@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from conf import as_dict
 from perception.core.artifact import file_sha256, policy_metadata, write_metadata
 from perception.core.atomic import default_dir_mode, default_file_mode
 from perception.core.calibration import Calibration
@@ -188,14 +188,6 @@ def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify
     }
 
 
-def _cfg_dict(cfg: Any) -> dict:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
-
-
 def export_artifact(
     module_or_net: nn.Module,
     view: NetworkView,
@@ -235,7 +227,7 @@ def export_artifact(
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     w, h = view.size
-    cfgd = _cfg_dict(cfg)
+    cfgd = as_dict(cfg)
     threshold = float(cfgd.get("quality_threshold", 0.5))
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:

@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -48,6 +46,8 @@ from torch.utils.data import Dataset
 
 from perception.core.atomic import replace_tree
 from perception.core.calibration import Calibration
+from perception.core.cli import run_hydra_command
+from perception.core.cliutil import format_number
 from perception.core.geometry import NetworkView
 from perception.core.jsonio import write_json
 from perception.core.outcomes import measured
@@ -441,8 +441,6 @@ def _rebased(run: dict, run_dir: Path) -> dict:
 
 
 def _summary(report: dict) -> str:
-    from policies.pipeline.report import format_number as fmt
-
     b, a, d = report["check"]["before"], report["check"]["after"], report["check"]["auc_difference"]
     change = ""
     if d and d["interval"]:
@@ -452,32 +450,22 @@ def _summary(report: dict) -> str:
     kept = (f"kept the fine-tuned artifact in {report['artifact']}" if report["promoted"] else
             f"kept the zero-shot artifact in {report['artifact']} (the fine-tuned one: {report['candidate']})")
     return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "
-            f"AUC {fmt(b['auc'])} -> {fmt(a['auc'])}{change}, "
-            f"null rate {fmt(b['null_rate'])} -> {fmt(a['null_rate'])} ({report['wall_s']:.0f} s)\n"
+            f"AUC {format_number(b['auc'])} -> {format_number(a['auc'])}{change}, "
+            f"null rate {format_number(b['null_rate'])} -> {format_number(a['null_rate'])} ({report['wall_s']:.0f} s)\n"
             f"{kept}: {report['promotion_reason']}")
 
 
-@hydra.main(config_path="pkg://conf", config_name="finetune", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from perception.core.artifact import ArtifactError
-    from perception.core.calibration import CalibrationError
-
+def _run(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(logging.INFO)
-    try:
-        report = finetune(cfg)
-    except (FinetuneError, ArtifactError, CalibrationError, ValueError, OSError) as exc:
-        print(f"sim2real-finetune: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    print(_summary(report))
+    print(_summary(finetune(cfg)))
 
 
 def main() -> None:
-    from perception.core.cli import hydra_command_checks
-    from perception.core.cliutil import check_writable_dir_args
+    from perception.core.artifact import ArtifactError
+    from perception.core.calibration import CalibrationError
 
-    hydra_command_checks("finetune", "sim2real-finetune", __doc__ or "", sys.argv[1:])
-    check_writable_dir_args("sim2real-finetune", sys.argv[1:])
-    _hydra_main()
+    run_hydra_command("finetune", "sim2real-finetune", __doc__ or "", _run,
+                      (FinetuneError, ArtifactError, CalibrationError, ValueError, OSError))
 
 
 if __name__ == "__main__":

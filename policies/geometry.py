@@ -37,11 +37,13 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from adaptation.progress import trainer_progress
+from conf import to_plain
 from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView, make_view
 from perception.core.jsonio import write_json
 from perception.core.preprocess import preprocess, to_network_input
 from perception.core.progress import progress
+from policies.data import sample_nearest, surface_height_view, view_grids
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, network_kwargs
 from policies.weights import load_base
@@ -87,7 +89,6 @@ def geometry_record(item: dict, calib: Calibration, view: NetworkView) -> dict:
         ``view_rgb`` ``(H, W, 3)`` uint8, ``height`` ``(H, W)`` float16 metres above
         ``table_z`` (NaN where nothing was seen), ``object`` ``(H, W)`` bool.
     """
-    from policies.data import _nearest, surface_height_view, view_grids
 
     rgb = np.asarray(item["rgb"])
     h, w = rgb.shape[:2]
@@ -95,7 +96,7 @@ def geometry_record(item: dict, calib: Calibration, view: NetworkView) -> dict:
     view_rgb = preprocess(rgb, calib, view)
     surface = surface_height_view(item["depth"], item["camera"], raw_calib, view) - float(calib.table_z)
     mx, my, _ = view_grids(raw_calib, view)
-    seg = _nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
+    seg = sample_nearest(np.asarray(item["seg"], dtype=np.uint8), mx, my)
     return {"view_rgb": view_rgb, "height": surface.astype(np.float16), "object": seg >= SEG_FIRST_OBJECT}
 
 
@@ -301,7 +302,6 @@ def train_geometry(
         ``n_train_frames``, ``n_val_frames``, ``device``.
     """
     from policies.loggers import policy_logger
-    from sim_render.api import to_plain
 
     g = to_plain(gcfg)
     out = Path(output_dir)

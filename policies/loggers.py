@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sim_render.api import to_plain
+from conf import to_plain
 
 __all__ = ["LOGGERS", "logger_name", "TrainLogger", "policy_logger", "wandb_run_id", "active_wandb_run", "rank_zero"]
 

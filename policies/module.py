@@ -32,20 +32,12 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from conf import policy_default
+from conf import as_dict, with_policy_defaults
 from policies.networks import GraspNet, network_kwargs
 
 __all__ = ["TimedCosineModule", "GraspPolicyModule", "grasp_losses"]
-
-
-def _as_dict(cfg: Any) -> dict:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
 
 
 def grasp_losses(
@@ -62,7 +54,7 @@ def grasp_losses(
     Returns:
         ``loss``, ``quality_loss``, ``height_loss``, ``surface_loss``, ``width_loss`` (scalars).
     """
-    c = {**policy_default("loss"), **loss_cfg}
+    c = with_policy_defaults("loss", loss_cfg)
     logits = out["quality_logits"]
     tq, wq = batch["quality_target"], batch["quality_weight"]
     sigma = float(c["height_trust_sigma"])
@@ -125,7 +117,7 @@ class TimedCosineModule(pl.LightningModule):
 
     def __init__(self, optim: dict | DictConfig | None = None) -> None:
         super().__init__()
-        self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **_as_dict(optim)}
+        self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **as_dict(optim)}
 
     def log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int, prog_bar: bool = True) -> None:
         """Log every loss as ``stage/name`` (``loss`` itself on the progress bar when ``prog_bar``)."""
@@ -199,13 +191,13 @@ class GraspPolicyModule(TimedCosineModule):
         config: dict | None = None,
     ) -> None:
         super().__init__(optim)
-        network, loss, optim = _as_dict(network), _as_dict(loss), _as_dict(optim)
+        network, loss, optim = as_dict(network), as_dict(loss), as_dict(optim)
         self.save_hyperparameters(
             {"network": network, "loss": loss, "optim": optim, "view": view, "calibration": calibration,
              "config": config}
         )
         self.net = GraspNet(**network_kwargs(network))
-        self.loss_cfg = {**policy_default("loss"), **loss}
+        self.loss_cfg = with_policy_defaults("loss", loss)
 
     @property
     def angle_bins(self) -> int:

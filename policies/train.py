@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import hydra
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -29,6 +28,7 @@ from adaptation.progress import trainer_progress
 from conf import policy_default
 from conf.schema import Augment, section_problems
 from perception.core.atomic import atomic_write_text
+from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
 from policies.data import TranslateFn, make_policy_datasets
 from policies.geometry import GEOMETRY_FORMAT
@@ -352,25 +352,18 @@ def load_translator(path: str | Path) -> TranslateFn:
     return Translator(str(path))
 
 
-@hydra.main(config_path="pkg://conf", config_name="train_policy", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from perception.core.calibration import CalibrationError
-
+def _run(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO)
-    try:
-        dirs = list(cfg.dataset_dirs) if cfg.dataset_dirs else []
-        if isinstance(cfg.dataset_dirs, str):
-            dirs = [cfg.dataset_dirs]
-        if not dirs:
-            raise ValueError("dataset_dirs is empty: give dataset_dirs=[DIR,...] (sim2real-render output folders)")
-        translator = load_translator(cfg.translator) if cfg.translator else None
-        summary = train_policy(
-            cfg, dirs, cfg.output_dir, translator, ckpt_path=cfg.ckpt_path, export=bool(cfg.export),
-            fast_dev_run=bool(cfg.fast_dev_run), seed=int(cfg.seed),
-        )
-    except (CalibrationError, ValueError, OSError) as exc:  # FileNotFoundError for a missing ckpt_path too
-        print(f"sim2real-train-policy: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    dirs = list(cfg.dataset_dirs) if cfg.dataset_dirs else []
+    if isinstance(cfg.dataset_dirs, str):
+        dirs = [cfg.dataset_dirs]
+    if not dirs:
+        raise ValueError("dataset_dirs is empty: give dataset_dirs=[DIR,...] (sim2real-render output folders)")
+    translator = load_translator(cfg.translator) if cfg.translator else None
+    summary = train_policy(
+        cfg, dirs, cfg.output_dir, translator, ckpt_path=cfg.ckpt_path, export=bool(cfg.export),
+        fast_dev_run=bool(cfg.fast_dev_run), seed=int(cfg.seed),
+    )
     m = summary["metrics"]
     shown = {k: round(v, 4) for k, v in m.items() if k.startswith("val/")}
     print(f"trained {summary['global_step']} steps in {summary['train_time_s']:.0f} s; {shown}")
@@ -383,7 +376,8 @@ def main() -> None:
     if arg_value(sys.argv[1:], "resume") is not None or arg_value(sys.argv[1:], "+resume") is not None:
         fail("sim2real-train-policy", "resume= is now ckpt_path=, as in sim2real-adapt: ckpt_path=last (this "
              "output_dir's checkpoints/last.ckpt) or ckpt_path=FILE.ckpt")
-    from perception.core.cli import hydra_command_checks
+    from perception.core.calibration import CalibrationError
 
-    hydra_command_checks("train_policy", "sim2real-train-policy", __doc__ or "", sys.argv[1:])
-    _hydra_main()
+    # FileNotFoundError (an OSError) for a missing ckpt_path too
+    run_hydra_command("train_policy", "sim2real-train-policy", __doc__ or "", _run,
+                      (CalibrationError, ValueError, OSError), writable_dirs=())

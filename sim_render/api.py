@@ -9,9 +9,11 @@ from typing import Any
 import cv2
 import numpy as np
 from hydra import compose, initialize_config_module
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-__all__ = ["compose_config", "to_plain", "render_config", "render_dataset", "export_real_frames", "render_cell_frames"]
+from conf import to_plain
+
+__all__ = ["compose_config", "render_config", "render_dataset", "export_real_frames", "render_cell_frames"]
 
 
 def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
@@ -22,11 +24,6 @@ def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfi
         return compose(config_name=config_name, overrides=list(overrides))
     with initialize_config_module(config_module="conf", version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))
-
-
-def to_plain(node: Any) -> Any:
-    """A config node (mapping or list) as plain, resolved Python containers; anything else as is."""
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def render_config(

@@ -16,12 +16,11 @@ import math
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration, CalibrationError, load_calibration
-from perception.core.cliutil import check_writable_dir_args
+from perception.core.cli import run_hydra_command
 
 __all__ = ["main", "render", "config_hash", "parse_shard_range"]
 
@@ -111,15 +110,8 @@ def _alias_profile(argv: list[str]) -> list[str]:
     return ["render=" + a.split("=", 1)[1] if a.startswith("profile=") else a for a in argv]
 
 
-@hydra.main(config_path="pkg://conf", config_name="render", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        manifest = render(cfg)
-    except (CalibrationError, ValueError, OSError, RuntimeError) as exc:
-        # A clear message and a non-zero exit; shards are written atomically, so
-        # nothing half-written is left behind.
-        print(f"sim2real-render: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+def _run(cfg: DictConfig) -> None:
+    manifest = render(cfg)
     if manifest.get("complete") is False:
         print(f"rendered shards {manifest['shards']} of {cfg.output_dir}: {manifest['rendered']} made, "
               f"{manifest['reused']} kept, {manifest['missing']} still missing elsewhere")
@@ -128,9 +120,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.core.cli import hydra_command_checks
-
     sys.argv = [sys.argv[0], *_alias_profile(sys.argv[1:])]
-    hydra_command_checks("render", "sim2real-render", __doc__ or "", sys.argv[1:])
-    check_writable_dir_args("sim2real-render", sys.argv[1:])
-    _hydra_main()
+    # Shards are written atomically: an error leaves nothing half-written behind.
+    run_hydra_command("render", "sim2real-render", __doc__ or "", _run,
+                      (CalibrationError, ValueError, OSError, RuntimeError))

@@ -72,7 +72,7 @@ import numpy as np
 from perception.core.calibration import Calibration, CalibrationError
 from perception.core.frames import rotation_angle
 from perception.core.geometry import NetworkView, SurfaceRebuild
-from perception.core.jsonio import to_jsonable, write_json
+from perception.core.jsonio import read_json, to_jsonable, write_json
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, to_network_input
 from perception.core.rule import CHECK_OPTIONS, rule_options
 
@@ -406,9 +406,11 @@ def load_metadata(artifact_dir: str | Path) -> ArtifactMetadata:
         raise ArtifactError(f"{meta_path} is {size} bytes, over the {MAX_METADATA_BYTES} a metadata file may have: "
                             "not an artifact's metadata (export the policy again)")
     try:
-        raw = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ArtifactError(f"{meta_path} is not valid JSON: {exc!r}") from exc
+        raw = read_json(meta_path)
+    except OSError as exc:
+        raise ArtifactError(f"{meta_path} cannot be read: {exc}") from exc
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from exc
     try:
         return _parse_metadata(root, raw)
     except ArtifactError as exc:

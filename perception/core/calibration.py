@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from perception.core.frames import invert_transform
-from perception.core.jsonio import write_json
+from perception.core.jsonio import read_json, write_json
 
 __all__ = ["Calibration", "CalibrationError", "MIN_WORKSPACE_VISIBLE", "calibration_path", "default_calibration_path",
            "project_points",
@@ -160,9 +160,11 @@ class Calibration:
         if not path.is_file():
             raise CalibrationError(f"calibration file not found: {path}")
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CalibrationError(f"calibration file {path} is not valid JSON: {exc}") from exc
+            data = read_json(path)
+        except OSError as exc:
+            raise CalibrationError(f"calibration file {path} cannot be read: {exc}") from exc
+        except ValueError as exc:
+            raise CalibrationError(f"calibration file {exc}") from exc
         try:
             return cls.from_dict(data)
         except CalibrationError as exc:

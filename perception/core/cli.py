@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
-__all__ = ["CliError", "check_override_types", "check_removed_keys", "compose_config", "config_groups", "config_number", "exit_on_help", "help_text", "hydra_command_checks", "setup_logging"]
+__all__ = ["CliError", "check_override_types", "check_removed_keys", "compose_config", "config_groups", "config_number", "exit_on_help", "help_text", "hydra_command_checks", "run_hydra_command", "setup_logging"]
 
 
 class CliError(SystemExit):
@@ -168,6 +170,43 @@ def hydra_command_checks(name: str, prog: str, doc: str, argv: list[str]) -> Non
     exit_on_help(name, prog, doc, argv)
     check_removed_keys(argv, prog)
     check_override_types(name, argv, prog)
+
+
+def run_hydra_command(
+    name: str,
+    prog: str,
+    doc: str,
+    run: Callable[[Any], None],
+    errors: tuple[type[BaseException], ...],
+    *,
+    writable_dirs: tuple[str, ...] = ("output_dir",),
+    argv: list[str] | None = None,
+) -> None:
+    """A training-side command's ``main()``: the checks before Hydra, then ``run(cfg)`` under
+    ``@hydra.main`` on ``conf/<name>.yaml``, with ``errors`` (a user's to mend) answered
+    ``prog: error: ...`` and exit 2, nothing half-written (each ``run`` writes atomically).
+
+    ``writable_dirs`` are the keys whose folders are checked before Hydra makes its run
+    folder inside them (``()``: none). Hydra reads its overrides from ``sys.argv``; ``argv``
+    (default ``sys.argv[1:]``) is what the checks see.
+    """
+    import hydra  # here, not above: the robot's compose-only commands never load Hydra's app machinery
+
+    from perception.core.cliutil import check_writable_dir_args, fail
+
+    argv = sys.argv[1:] if argv is None else argv
+    hydra_command_checks(name, prog, doc, argv)
+    if writable_dirs:
+        check_writable_dir_args(prog, argv, writable_dirs)
+
+    @hydra.main(config_path="pkg://conf", config_name=name, version_base="1.3")
+    def _app(cfg) -> None:
+        try:
+            run(cfg)
+        except errors as exc:
+            fail(prog, str(exc))
+
+    _app()
 
 
 def compose_config(name: str, argv: list[str], prog: str, doc: str = ""):

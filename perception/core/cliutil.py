@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["arg_value", "check_writable_dir_args", "fail"]
+__all__ = ["arg_value", "check_writable_dir_args", "fail", "format_number"]
 
 
 def fail(prog: str, message: str, code: int = 2) -> None:
@@ -38,3 +39,9 @@ def check_writable_dir_args(prog: str, argv: list[str], keys: tuple[str, ...] = 
             fail(prog, f"{key}={value} is not writable: {probe} is not a folder")
         if not os.access(probe, os.W_OK | os.X_OK):
             fail(prog, f"{key}={value} is not writable (no write permission on {probe})")
+
+
+def format_number(v: Any, digits: int = 3) -> str:
+    """A score for a summary line or a report table: ``n/a`` when missing, floats with
+    ``digits`` decimals."""
+    return "n/a" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)

@@ -81,10 +81,12 @@ def read_json(path: str | Path) -> Any:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not JSON; the message names the file and where it breaks.
+        ValueError: it is not JSON (or not UTF-8, or nested too deep for the parser); the
+            message names the file and where it breaks.
     """
-    text = Path(path).read_text(encoding="utf-8")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # [[[...]]] deeper than the parser's stack: not a file we wrote
+        raise ValueError(f"{path}: not valid JSON (nested too deep)") from exc

@@ -18,21 +18,19 @@ import hashlib
 import json
 import logging
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from conf import to_plain
 from perception.core.atomic import replace_tree
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
-from perception.core.cliutil import check_writable_dir_args, fail
+from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
-from sim_render.api import to_plain
 
 __all__ = ["run_pipeline", "main", "stage_hash"]
 
@@ -428,23 +426,15 @@ def task_consistency_stage(
             "policy": {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s")}}
 
 
-@hydra.main(config_path="pkg://conf", config_name="pipeline", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from adaptation.images import RealFramesError
-
+def _run(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        report = run_pipeline(cfg)
-    except (CalibrationError, RealFramesError, ValueError, OSError) as exc:
-        fail("sim2real-pipeline", str(exc))
-        return
+    report = run_pipeline(cfg)
     print(f"artifact: {report['artifact']}")
     print(f"report:   {Path(str(cfg.output_dir)) / 'report.md'}  ({report['wall_s']:.0f} s)")
 
 
 def main() -> None:
-    from perception.core.cli import hydra_command_checks
+    from adaptation.images import RealFramesError
 
-    hydra_command_checks("pipeline", "sim2real-pipeline", __doc__ or "", sys.argv[1:])
-    check_writable_dir_args("sim2real-pipeline", sys.argv[1:])
-    _hydra_main()
+    run_hydra_command("pipeline", "sim2real-pipeline", __doc__ or "", _run,
+                      (CalibrationError, RealFramesError, ValueError, OSError))

@@ -9,6 +9,7 @@ import numpy as np
 
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration
+from perception.core.cliutil import format_number
 from perception.core.draw import SUCCESS_COLOR, caption_image, draw_grasp, panel
 from perception.core.jsonio import write_json
 from perception.core.overlay import draw_decoded
@@ -145,11 +146,6 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
     md += adaptation_section(report.get("adapt") or {})
     md += ["", "## Frames", "", PANEL_CAPTION, "", "![panels](report_panels.png)", ""]
     atomic_write_text(out / "report.md", "\n".join(md))
-
-
-def format_number(v: Any, digits: int = 3) -> str:
-    """A score for a table: ``n/a`` when missing, floats with ``digits`` decimals."""
-    return "n/a" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def adaptation_section(a: dict) -> list[str]:

@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from conf import to_plain
 from policies.loggers import logger_name, rank_zero, wandb_run_id
-from sim_render.api import to_plain
 
 __all__ = ["PipelineRun", "pipeline_run", "eval_summary"]
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from conf import to_plain
 from perception.core.calibration import Calibration, default_calibration_path
 from policies.base import camera_mount
 from policies.geometry import train_geometry
@@ -25,7 +26,7 @@ from policies.geometry_data import (
     read_geometry_shard,
     render_geometry_data,
 )
-from sim_render.api import compose_config, render_config, to_plain
+from sim_render.api import compose_config, render_config
 
 GCFG = {"view_size": [64, 48], "margin": 0.03}
 # Cheap looks: the code paths are the same (the profile's own values are in conf/render/randomized.yaml).

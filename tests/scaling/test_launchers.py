@@ -97,7 +97,7 @@ def test_submitit_local_multirun_renders_every_shard_once(tmp_path, cli):
     for job in jobs:
         overrides = OmegaConf.load(job / ".hydra" / "overrides.yaml")
         ranges.append(next(o for o in overrides if o.startswith("shards=")))
-        written += _shard_lines((job / "cli.log").read_text())
+        written += _shard_lines((job / "render.log").read_text())
     for out_log in fan.glob(".hydra_multirun/*/.submitit/*/*_0_log.out"):
         pids.add(out_log.parent.name)  # submitit's local job id is the worker process id
     assert sorted(ranges) == ["shards=0/3", "shards=1/3", "shards=2/3"]

@@ -12,10 +12,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from pybullet_utils.bullet_client import BulletClient
 
+from conf import to_plain
 from conf.schema import RenderProfile
 from perception.core.calibration import Calibration, default_calibration_path
 from perception.core.geometry import project_points
-from sim_render.api import compose_config, to_plain
+from sim_render.api import compose_config
 from sim_render.randomization import (
     add_distractors,
     apply_visual_params,

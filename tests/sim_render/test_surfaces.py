@@ -10,8 +10,9 @@ import cv2
 import numpy as np
 import pytest
 
+from conf import to_plain
 from perception.core.calibration import Calibration, default_calibration_path
-from sim_render.api import compose_config, to_plain
+from sim_render.api import compose_config
 from sim_render.randomization import render_randomized, validate_profile
 from sim_render.sensor import apply_sensor_params, draw_range, draw_ranges
 from sim_render.surfaces import (
