@@ -78,3 +78,19 @@ def test_a_removed_key_is_refused_with_its_replacement(tmp_path):
     with pytest.raises(SystemExit) as exc:
         compose_config("render", ["+profile=target"], "prog")
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("name, override, group", [
+    ("pipeline", "budget=huge", "budget"),
+    ("base", "experiment=nope", "experiment"),
+    ("render", "render=nope", "render"),
+    ("pipeline", "adaptation/generator=nope", "adaptation/generator"),
+])
+def test_an_option_a_group_does_not_have_is_refused_with_the_ones_it_has(name, override, group, capsys):
+    with pytest.raises(SystemExit) as exc:
+        check_override_types(name, [override], f"sim2real-{name}")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "no such option" in err
+    for option in config_groups(name)[group][1]:
+        assert option in err
+    check_override_types(name, [f"{group}={config_groups(name)[group][1][0]}"], f"sim2real-{name}")  # one it has

@@ -114,9 +114,17 @@ def check_override_types(name: str, argv: list[str], prog: str) -> None:
         overrides = OverridesParser.create().parse_overrides(args)
     except Exception:
         return  # Hydra reports the syntax error itself
-    groups = set(config_groups(name))
+    choices = config_groups(name)
+    groups = set(choices)
     is_group = [o.key_or_group.lstrip("+~").split("@")[0] in groups or o.key_or_group.startswith("hydra")
                 for o in overrides]
+    for o in overrides:  # an option the group does not have: name the ones it has (Hydra would dump its search path)
+        group = o.key_or_group.lstrip("+~").split("@")[0]
+        if group in choices and not o.is_delete() and not o.is_sweep_override():
+            value, options = o.value(), choices[group][1]
+            if isinstance(value, str) and options and value not in options:
+                raise CliError(prog, f"{group}={value}: no such option; choose one of {' | '.join(options)} "
+                                     f"(conf/{group}/)")
     group_args = [a for a, g in zip(args, is_group) if g]
     was_initialized = GlobalHydra.instance().is_initialized()
     try:
