@@ -152,6 +152,8 @@ class AcceptSettings:
     max_sigma_mm_measured: float
     max_halves_mm: float
     max_halves_deg: float
+    max_halves_mm_measured: float
+    max_halves_deg_measured: float
     min_gain: float
 
     @classmethod
@@ -738,17 +740,19 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
         return False, (f"the walls allow two poses: a fit elsewhere explains {100 * e['rival_share']:.1f}% as much "
                        f"edge (more than {100 * acc.max_rival_share:.1f}%)")
     # With the walls measured, a slide along the turn-and-move ridge barely moves the workspace
-    # in the image (docs/benchmarks.md, "the workspace error"), so a looser limit applies.
+    # in the image (docs/benchmarks.md, "the workspace error"), so looser limits apply.
     measured = st.wall_height is not None and st.wall_thickness is not None
     max_sigma = acc.max_sigma_mm_measured if measured else acc.max_sigma_mm
     if e["sigma_mm"] > max_sigma:
         return False, (f"the walls leave the camera loose: {e['sigma_mm']:.1f} mm of uncertainty along the direction "
                        f"in which it can turn and move at once (over {max_sigma} mm"
                        f"{' with the walls measured' if measured else ''})")
-    if e["halves_mm"] > acc.max_halves_mm or e["halves_deg"] > acc.max_halves_deg:
+    halves_mm, halves_deg = ((acc.max_halves_mm_measured, acc.max_halves_deg_measured) if measured
+                             else (acc.max_halves_mm, acc.max_halves_deg))
+    if e["halves_mm"] > halves_mm or e["halves_deg"] > halves_deg:
         return False, (f"the fit is not repeatable: the two halves of the frames put the camera "
-                       f"{e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg apart (over {acc.max_halves_mm} mm / "
-                       f"{acc.max_halves_deg} deg)")
+                       f"{e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg apart (over {halves_mm} mm / "
+                       f"{halves_deg} deg{' with the walls measured' if measured else ''})")
     gain = e["explained"] - e["explained_given"]
     if gain < acc.min_gain:
         return False, (f"the fit explains little more edge than the calibration ({gain:.2f} more, "

@@ -80,16 +80,21 @@ def test_the_rule_keeps_the_calibration_unless_every_test_passes(spoil, why):
     assert not accepted and why in reason, reason
 
 
-def test_measured_walls_take_the_looser_ridge_limit_and_only_they():
-    acc = AcceptSettings.defaults(min_gain=0.5, max_sigma_mm=5.0, max_sigma_mm_measured=15.0)
-    loose = {**STRONG, "sigma_mm": 10.0}
+@pytest.mark.parametrize("loose, too_loose", [
+    ({"sigma_mm": 10.0}, {"sigma_mm": 20.0}),
+    ({"halves_mm": 1.8}, {"halves_mm": 2.5}),
+    ({"halves_deg": 0.18}, {"halves_deg": 0.3}),
+])
+def test_measured_walls_take_the_looser_limits_and_only_they(loose, too_loose):
+    acc = AcceptSettings.defaults(min_gain=0.5, max_sigma_mm=5.0, max_sigma_mm_measured=15.0, max_halves_mm=1.5,
+                                  max_halves_deg=0.15, max_halves_mm_measured=2.0, max_halves_deg_measured=0.2)
     fitted = RefineSettings.defaults()
     measured = RefineSettings.defaults(wall_height=0.04, wall_thickness=0.01)
-    half = RefineSettings.defaults(wall_height=0.04)  # thickness still fitted: the strict limit
-    assert not decide(loose, fitted, acc)[0]
-    assert not decide(loose, half, acc)[0]
-    assert decide(loose, measured, acc)[0]
-    accepted, reason = decide({**STRONG, "sigma_mm": 20.0}, measured, acc)
+    half = RefineSettings.defaults(wall_height=0.04)  # thickness still fitted: the strict limits
+    assert not decide({**STRONG, **loose}, fitted, acc)[0]
+    assert not decide({**STRONG, **loose}, half, acc)[0]
+    assert decide({**STRONG, **loose}, measured, acc)[0]
+    accepted, reason = decide({**STRONG, **too_loose}, measured, acc)
     assert not accepted and "with the walls measured" in reason, reason
 
 
