@@ -11,9 +11,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from perception.core.calibration import Calibration
+from perception.core.calibration import Calibration, project_points
 from perception.core.decode import DecodedGrasp, decode_grasp
-from perception.core.geometry import NetworkView, project_points
+from perception.core.geometry import NetworkView
 from perception.core.grasp import Grasp
 
 __all__ = ["EvalPolicy", "OnnxPolicy", "TorchPolicy", "decoded_at"]

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from perception.core.calibration import Calibration
+from perception.core.calibration import Calibration, project_points
 from perception.core.decode import DecodedGrasp, decode_grasp
-from perception.core.geometry import NetworkView, project_points
+from perception.core.geometry import NetworkView
 from perception.core.grasp import Grasp
 from policies.eval_adapters import decoded_at
 

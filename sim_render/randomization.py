@@ -44,8 +44,7 @@ import numpy as np
 import pybullet as p
 
 from conf.schema import BinWalls, CastShadow, SurfaceTextures, section_problems
-from perception.core.calibration import Calibration
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, project_points
 from sim_render.camera import RENDERERS, render_camera
 from sim_render.sensor import SENSOR_KEYS, apply_sensor, as_plain, draw_range
 from sim_render.shadows import apply_cast_shadow, cast_shadow_mask, sample_cast_shadow, validate_cast_shadow

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from perception.core.calibration import Calibration
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, project_points
 from perception.core.grasp import normalize_angle
 from sim_render.cell import BIN_WALL_HEIGHT, BIN_WALL_THICKNESS, Cell
 from sim_render.format import (

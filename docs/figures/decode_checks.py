@@ -21,10 +21,10 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from perception.core.artifact import PolicyRunner
+from perception.core.calibration import project_points
 from perception.core.decode import decode_grasp
 from perception.core.draw import FAILURE_COLOR, SUCCESS_COLOR, label_image, panel
 from perception.core.frames import GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_HALF_THICKNESS
-from perception.core.geometry import project_points
 from perception.core.imageio import read_image, write_image
 from perception.core.rule import DEFAULT_RULE, object_cells
 

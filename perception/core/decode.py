@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from perception.core.calibration import Calibration
+from perception.core.calibration import Calibration, project_points
 from perception.core.frames import GRIPPER_MAX_WIDTH, MAX_TIP_HEIGHT, MIN_TIP_CLEARANCE
-from perception.core.geometry import NetworkView, project_points, view_pixels_to_base
+from perception.core.geometry import NetworkView, view_pixels_to_base
 from perception.core.grasp import Grasp, angle_bin_centers, normalize_angle, view_grasp_to_base
 from perception.core.repeats import DEFAULT_REPEATS
 from perception.core.rule import (

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-# project_points is the camera model's own (the calibration's); it is part of this module's API too.
 from perception.core.calibration import Calibration, project_points
 from perception.core.frames import transform_points
 
@@ -34,7 +33,6 @@ __all__ = [
     "network_view",
     "table_view",
     "make_view",
-    "project_points",
     "raw_pixels_to_rays",
     "rays_to_plane",
     "raw_pixel_to_base",

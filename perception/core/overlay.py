@@ -9,9 +9,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from perception.core.calibration import Calibration
+from perception.core.calibration import Calibration, project_points
 from perception.core.decode import DecodedGrasp
-from perception.core.geometry import project_points
 
 __all__ = ["draw_decoded", "contact_sheet"]
 

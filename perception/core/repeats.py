@@ -38,8 +38,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from perception.core.calibration import Calibration
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, project_points
 from perception.core.grasp import Grasp
 
 __all__ = ["DEFAULT_REPEATS", "repeat_options", "frame_fingerprint", "moved_blocks", "RepeatGuard"]

@@ -175,7 +175,7 @@ def make_test_frame(
     spot drawn where the base-frame point ``spot_xy`` (on the table) projects."""
     import cv2
 
-    from perception.core.geometry import project_points
+    from perception.core.calibration import project_points
 
     calib = calib or load_calibration()
     W, H = calib.image_size

@@ -14,8 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, default_calibration_path, project_points
 
 WALL_H = 0.06
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from perception.core.calibration import Calibration
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, project_points
 from perception.core.grasp import normalize_angle
 from sim_render.format import (
     SEG_BACKGROUND,

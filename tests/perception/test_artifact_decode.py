@@ -21,9 +21,9 @@ from perception.core.artifact import (
     calibration_sha256,
     load_metadata,
 )
+from perception.core.calibration import project_points
 from perception.core.decode import decode_grasp, grasp_in_workspace
 from perception.core.frames import GRIPPER_MAX_WIDTH
-from perception.core.geometry import project_points
 from perception.core.grasp import normalize_angle
 from perception.core.testing import make_test_artifact, make_test_frame
 

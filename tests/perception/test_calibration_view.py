@@ -14,9 +14,10 @@ from perception.core.calibration import (
     Calibration,
     CalibrationError,
     default_calibration_path,
+    project_points,
 )
 from perception.core.decode import decode_grasp
-from perception.core.geometry import project_points, table_view, view_pixels_to_base
+from perception.core.geometry import table_view, view_pixels_to_base
 
 
 def _widened(extra_x: float) -> dict:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perception.core.calibration import project_points
 from perception.core.decode import decode_grasp
-from perception.core.geometry import make_view, project_points
+from perception.core.geometry import make_view
 from perception.core.grasp import Grasp, normalize_angle
 from perception.core.imageio import encode_image
 from perception.core.repeats import (

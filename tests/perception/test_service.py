@@ -13,8 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, default_calibration_path, project_points
 from perception.core.imageio import encode_image
 from perception.core.testing import make_test_frame
 

@@ -116,8 +116,7 @@ def test_service_answers_from_the_pipeline_artifact(tiny_run):
     """sim2real-serve on loopback with the contract's command line answers a frame."""
     import httpx
 
-    from perception.core.calibration import Calibration, default_calibration_path
-    from perception.core.geometry import project_points
+    from perception.core.calibration import Calibration, default_calibration_path, project_points
     from perception.core.imageio import encode_image
     from perception.core.testing import free_port, make_test_frame, wait_until_healthy
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.geometry import SurfaceRebuild, make_view, project_points
+from perception.core.calibration import Calibration, default_calibration_path, project_points
+from perception.core.geometry import SurfaceRebuild, make_view
 from perception.core.imageio import write_image
 from perception.core.preprocess import view_maps
 

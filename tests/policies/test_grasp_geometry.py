@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from perception.core.calibration import project_points
 from perception.core.decode import decode_grasp
 from perception.core.frames import MIN_TIP_CLEARANCE
-from perception.core.geometry import base_to_view_pixels, project_points, raw_to_view_pixels
+from perception.core.geometry import base_to_view_pixels, raw_to_view_pixels
 from perception.core.grasp import angle_bin_centers, base_grasp_to_view, normalize_angle, view_grasp_to_base
 
 HEIGHTS = [MIN_TIP_CLEARANCE, 0.02, 0.05, 0.09]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from perception.core.calibration import project_points
 from perception.core.frames import MIN_TIP_CLEARANCE
-from perception.core.geometry import project_points
 from perception.core.grasp import Grasp, angle_to_bin, base_grasp_to_view
 from perception.core.rule import GRASP_DEPTH
 from policies.data import (

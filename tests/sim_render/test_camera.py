@@ -10,8 +10,7 @@ import pybullet as p
 import pytest
 from pybullet_utils.bullet_client import BulletClient
 
-from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, default_calibration_path, project_points
 from sim_render.camera import (
     FAR_M,
     distort_image,

@@ -14,8 +14,7 @@ from pybullet_utils.bullet_client import BulletClient
 
 from conf import to_plain
 from conf.schema import RenderProfile
-from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, default_calibration_path, project_points
 from sim_render.api import compose_config
 from sim_render.randomization import (
     add_distractors,

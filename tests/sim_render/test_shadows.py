@@ -9,8 +9,7 @@ from omegaconf import OmegaConf
 from pybullet_utils.bullet_client import BulletClient
 
 from conf import to_plain
-from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.geometry import project_points
+from perception.core.calibration import Calibration, default_calibration_path, project_points
 from sim_render.api import compose_config
 from sim_render.camera import render_camera
 from sim_render.randomization import render_randomized, validate_profile
