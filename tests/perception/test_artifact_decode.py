@@ -325,9 +325,9 @@ def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, 
         load_metadata(d)
 
 
-def test_decode_is_fast(calib):
-    import time
-
+def test_decode_with_every_pixel_a_candidate_picks_the_best_in_the_workspace(calib):
+    """The whole map a candidate (threshold 0): one grasp, in the workspace, at the bin the
+    map's best pixel there holds. (Its speed is benchmarks/service.py's ``grasp_decode``.)"""
     from perception.core.geometry import network_view
 
     view = network_view(calib, (224, 224))
@@ -335,11 +335,12 @@ def test_decode_is_fast(calib):
     q = rng.random((16, 224, 224)).astype(np.float32)
     w = np.full((224, 224), 0.05, np.float32)
     h = np.full((224, 224), 0.02, np.float32)
-    decode_grasp(q, w, h, calib, view, 0.0)
-    t = time.perf_counter()
-    for _ in range(5):
-        decode_grasp(q, w, h, calib, view, 0.0)  # every pixel is a candidate
-    assert (time.perf_counter() - t) / 5 < 0.1
+    res = decode_grasp(q, w, h, calib, view, 0.0)
+    assert res.grasp is not None and res.reason is None
+    x, y = res.grasp.position[:2]
+    assert calib.in_workspace(float(x), float(y))
+    u, v = res.view_pixel
+    assert q[res.angle_bin, int(round(v)), int(round(u))] > 0.99  # among the best of 800k uniform draws
 
 
 def test_perception_imports_no_torch():
