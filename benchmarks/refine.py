@@ -266,9 +266,31 @@ def _boundary_px(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> float:
     return float((da[ea].mean() + db[eb].mean()) / 2)
 
 
-def measure_cell(folder: Path) -> dict:
+def ruler_walls(given: Calibration, labels: list) -> tuple[float, float]:
+    """The walls' height and thickness (m) as a user's ruler would read them, taken from a
+    labelled cell's true per-pixel heights: the height is the wall pixels' top (99th
+    percentile); the thickness, how far the wall's top surface reaches outside the workspace
+    edge (its inner face), its pixels cast through the given calibration onto the top's
+    plane (98th percentile: a camera error of a few mm blurs it like a ruler's reading)."""
+    from perception.core.geometry import raw_pixel_to_base
+
+    h = float(np.nanmax([np.nanpercentile(g["height"][g["label"] == 3].astype(float), 99) for g in labels]))
+    (x0, x1), (y0, y1) = given.workspace_x, given.workspace_y
+    outside = []
+    for g in labels:
+        top = (g["label"] == 3) & (g["height"].astype(float) >= h - 0.003)
+        v, u = np.nonzero(top)
+        if len(u):
+            p = raw_pixel_to_base(np.stack([u, v], axis=1).astype(float), given, given.table_z + h)
+            outside.append(np.max([x0 - p[:, 0], p[:, 0] - x1, y0 - p[:, 1], p[:, 1] - y1], axis=0))
+    d = np.concatenate(outside) if outside else np.zeros(1)
+    return h, float(max(np.percentile(d, 98), 0.0))
+
+
+def measure_cell(folder: Path, measured: bool = False) -> dict:
     """Refine on a labelled cell's frames; the walls of the given and the written calibration
-    against the true wall pixels."""
+    against the true wall pixels. ``measured``: the walls given as a ruler reads them
+    (:func:`ruler_walls`), as the README's step 3 does."""
     import cv2
 
     from perception.robot.calibrate import main as calibrate
@@ -277,17 +299,18 @@ def measure_cell(folder: Path) -> dict:
     if not (cal_path.is_file() and real.is_dir() and geometry.is_dir()):
         raise SystemExit(f"--cell {folder}: not a labelled cell (needs calibration.json, real/ and geometry/)")
     given = Calibration.load(cal_path)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "refined.json"
-        t0 = time.perf_counter()
-        calibrate(["refine", f"calibration={cal_path}", f"real_dir={real}", f"out={out}"])
-        seconds = time.perf_counter() - t0
-        written = Calibration.load(out)
-        report = json.loads(out.read_text())["calibration_report"]["refine"]
     labels = [np.load(npz) for npz in sorted(geometry.glob("*.npz"))]
     # The walls' true height from the labels' own heights; the thickness, which the labels
     # do not give directly, is the one each pose's mask fits best (fair to both poses).
-    h = float(np.nanmax([np.nanpercentile(g["height"][g["label"] == 3].astype(float), 99) for g in labels]))
+    h, ruler_t = ruler_walls(given, labels)
+    walls = [f"fit.wall_height={h:.4f}", f"fit.wall_thickness={ruler_t:.4f}"] if measured else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "refined.json"
+        t0 = time.perf_counter()
+        calibrate(["refine", f"calibration={cal_path}", f"real_dir={real}", f"out={out}", *walls])
+        seconds = time.perf_counter() - t0
+        written = Calibration.load(out)
+        report = json.loads(out.read_text())["calibration_report"]["refine"]
     w, hh = given.image_size
     maps = cv2.initUndistortRectifyMap(given.K, given.dist, None, given.K, (w, hh), cv2.CV_32FC1)
     label_maps = [cv2.remap(g["label"], maps[0], maps[1], cv2.INTER_NEAREST) for g in labels]
@@ -296,7 +319,8 @@ def measure_cell(folder: Path) -> dict:
     result = {"cell": str(folder), "written": report["written"], "reason": report["reason"],
               "fit_correction_mm": report["fit_correction_mm"], "fit_correction_deg": report["fit_correction_deg"],
               "fit_wall_mm": [round(report["wall_height_m"] * 1e3, 1), round(report["wall_thickness_m"] * 1e3, 1)],
-              "true_wall_height_mm": round(h * 1e3, 1), "frames": len(labels), "seconds": round(seconds)}
+              "true_wall_height_mm": round(h * 1e3, 1), "ruler_thickness_mm": round(ruler_t * 1e3, 1),
+              "measured_walls": measured, "frames": len(labels), "seconds": round(seconds)}
     for k, T in poses.items():
         best = (-1.0, 0.0, None)
         for t in np.arange(0.002, 0.0401, 0.002):
@@ -338,7 +362,7 @@ def main() -> int:
         print("| cell | written | fit mm / deg | wall IoU given / written / fit | wall edge px given / written / fit "
               "| reason |")
         print("|---|---|---|---|---|---|")
-        cells = [measure_cell(folder) for folder in args.cell]
+        cells = [measure_cell(folder, args.measured_walls) for folder in args.cell]
         print(json.dumps({"cells": cells}))
         return 0
     acc = AcceptSettings.defaults()
