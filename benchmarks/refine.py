@@ -41,7 +41,9 @@ and the written calibration onto the undistorted
 frames, against the true wall pixels (parts' pixels left out): IoU, and the symmetric
 mean distance between the two masks' boundaries in pixels, each pose with the wall
 thickness its mask fits best and the true height (the labels' heights); the fit itself,
-written or not, is measured too. The labels measure; the command never sees them.
+written or not, is measured too. The labels measure; the command never sees them, except
+that ``--cell DIR --measured-walls`` hands it the walls' height and thickness as a ruler
+would read them (:func:`ruler_walls`, from the labels), as the README's step 3 does.
 """
 
 from __future__ import annotations
