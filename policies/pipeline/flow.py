@@ -26,11 +26,26 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from adaptation.images import RealFrames, RealFramesError, list_real_frames, load_real_frames
 from conf import to_plain
 from perception.core.atomic import replace_tree
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
-from perception.core.cli import run_hydra_command
+from perception.core.cli import config_number, run_hydra_command
+from perception.core.geometry import NetworkView
 from perception.core.jsonio import write_json
+from policies.eval_adapters import OnnxPolicy
+from policies.evaluate import evaluate_domains
+from policies.int8 import Int8Error, add_int8_graphs
+from policies.loggers import logger_name
+from policies.pipeline.report import write_report
+from policies.pipeline.run import pipeline_run
+from policies.weights import base_digest
+from sim_render.api import export_real_frames, render_config
+from sim_render.cli import render
+
+# The stages' torch and Lightning modules (policies.train, .data, .module, .consistency,
+# adaptation.train, .translate) are imported inside the stage that runs them: torch takes
+# seconds to load, and `--help` or a bad value must answer without it.
 
 __all__ = ["run_pipeline", "main", "stage_hash"]
 
@@ -98,7 +113,6 @@ def _rebase_paths(obj: Any, old: str, new: str) -> Any:
 def _profile_payload(out: Path, profile: str, calib_path: Path, overrides: list) -> dict:
     """The composed render profile, for a render stage's hash: a changed ``conf/render``
     file renders anew instead of reusing frames drawn with the old ranges."""
-    from sim_render.api import render_config
 
     return to_plain(render_config(out, 1, profile, 0, calib_path, overrides).render)
 
@@ -109,7 +123,6 @@ def run_pipeline(cfg: DictConfig) -> dict:
     With ``logger=wandb`` the whole run is one W&B run (:func:`policies.pipeline.run.pipeline_run`):
     the trainers log into it, and the report's table, plot and panels go into it at the end.
     """
-    from policies.pipeline.run import pipeline_run
 
     with pipeline_run(cfg) as tracking:
         report = _run_pipeline(cfg)
@@ -140,7 +153,6 @@ def _run_pipeline(cfg: DictConfig) -> dict:
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
     if cfg.get("int8") is not None:
-        from perception.core.cli import config_number
 
         config_number({"int8.max_frames": cfg.int8.get("max_frames")}, "int8.max_frames", int, lo=1)
     t_start = time.perf_counter()
@@ -163,7 +175,6 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     artifact = replace_tree(served, out / "artifact")
     eval_res = _eval_stage(run, served, policy_hash)
 
-    from policies.pipeline.report import write_report
 
     report = {
         "config": to_plain(cfg),
@@ -206,15 +217,12 @@ def _real_frames(run: _Run) -> tuple[Path, str]:
     ``target`` stand-in rendered for them. Returns the folder and its hash."""
     cfg, calib, budget, seed = run.cfg, run.calib, run.budget, run.seed
     if cfg.real_dir:
-        from adaptation.images import list_real_frames, load_real_frames
 
         real_dir = Path(str(cfg.real_dir))
         load_real_frames(real_dir, calib)  # stops here, naming the file, on bad input
         real_key = {"real_dir": str(real_dir.resolve()), "files": [
             (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in list_real_frames(real_dir)]}
         return real_dir, stage_hash(real_key)
-    from sim_render.api import export_real_frames, render_config
-    from sim_render.cli import render
 
     def make_real(d: Path) -> dict:
         rcfg = render_config(d / "dataset", int(budget.real.n_scenes), "target",
@@ -232,8 +240,6 @@ def _real_frames(run: _Run) -> tuple[Path, str]:
 
 def _render_stage(run: _Run) -> tuple[Path, dict, str]:
     """The policy's (and the translator's) randomized sim data."""
-    from sim_render.api import render_config
-    from sim_render.cli import render
 
     cfg, budget, seed = run.cfg, run.budget, run.seed
     render_over = [f"scenes_per_shard={int(budget.render.scenes_per_shard)}", *budget.render.overrides,
@@ -260,7 +266,6 @@ def _adapt_stage(run: _Run, sim_path: Path, sim_hash: str, real_dir: Path,
         return None, {"adaptation": "none"}, "none"
     from adaptation.train import compose_config as adapt_compose
     from adaptation.train import train as adapt_train
-    from policies.loggers import logger_name
 
     adaptation = to_plain(cfg.adaptation)
     adaptation["image_size"] = list(cfg.policy.view_size)
@@ -289,7 +294,6 @@ def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator: Any,
     """The policy, trained (from the base) on the sim frames seen through the translator;
     training exports the artifact into the stage. Returns its resolved config too."""
     from policies.train import train_policy
-    from policies.weights import base_digest
 
     cfg, seed = run.cfg, run.seed
     p_cfg = to_plain(cfg.policy)
@@ -355,8 +359,6 @@ def _int8(run: _Run, policy_res: dict, policy_hash: str, real_dir: Path,
 
 def _eval_stage(run: _Run, served: str, policy_hash: str) -> dict:
     """The served artifact in the twin: every domain, the brackets, the empty bins."""
-    from policies.eval_adapters import OnnxPolicy
-    from policies.evaluate import evaluate_domains
 
     e_cfg = to_plain(run.budget.eval)
     e_payload = {"eval": e_cfg, "policy": policy_hash, "calibration": run.calib.digest(), "seed": run.seed}
@@ -376,8 +378,6 @@ def _eval_stage(run: _Run, served: str, policy_hash: str) -> dict:
 def int8_stage(artifact: str | Path, real_dir: Path, calib: Calibration, max_frames: int, d: Path) -> dict:
     """The policy stage's artifact copied into ``d`` with int8 graphs added, calibrated on the
     real frames; a graph onnxruntime cannot quantize leaves the float artifact in use (logged)."""
-    from adaptation.images import RealFrames
-    from policies.int8 import Int8Error, add_int8_graphs
 
     art = replace_tree(artifact, d / "artifact")
     try:  # the frames are read as the quantizer picks them: max_frames and a few more, not all
@@ -404,7 +404,6 @@ def task_consistency_stage(
         (``artifact``, ``checkpoint``, ``metrics``, ``global_step``, ``train_time_s``).
     """
     from adaptation.translate import Translator, load_generator, save_generator
-    from perception.core.geometry import NetworkView
     from policies.consistency import consistency_finetune
     from policies.data import PolicyFrames
     from policies.module import GraspPolicyModule
@@ -434,7 +433,5 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from adaptation.images import RealFramesError
-
     run_hydra_command("pipeline", "sim2real-pipeline", __doc__ or "", _run,
                       (CalibrationError, RealFramesError, ValueError, OSError))
