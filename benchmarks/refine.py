@@ -158,10 +158,10 @@ def workspace_error_mm(true: Calibration, T: np.ndarray) -> float:
     return float(np.median(np.concatenate(errors)) * 1e3)
 
 
-def workspace_outcome(rec: dict, accepted: bool) -> tuple[str | None, float, float | None]:
-    """(outcome, given, fit) by the workspace error: the outcome as :func:`outcome`'s, with
-    ``workspace_error_mm`` for the distance; None for a stored fit without its pose."""
-    true = Calibration.load(default_calibration_path())
+def workspace_outcome(rec: dict, accepted: bool, true: Calibration) -> tuple[str | None, float, float | None]:
+    """(outcome, given, fit) by the workspace error against the true calibration ``true``: the
+    outcome as :func:`outcome`'s, with ``workspace_error_mm`` for the distance; None for a
+    stored fit without its pose."""
     given = workspace_error_mm(true, perturb(true.T_base_camera, np.asarray(rec["x"])))
     if "fit_T_base_camera" not in rec:
         return None, given, None
@@ -192,9 +192,10 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     counts, big = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0)
     ws_counts, ws_big = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0)
     right = {"kept": 0, "within_1mm": 0, "other": 0}
+    true = Calibration.load(default_calibration_path())  # every cell's camera (fit_cell)
     for rec in sorted(records, key=lambda r: r["cell"]):
         out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc)
-        ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept")
+        ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept", true)
         e = rec["evidence"]
         counts[out] += 1
         if rec["before_mm"] >= 5.0:

@@ -54,7 +54,7 @@ def test_the_outcome_by_workspace_error():
     half = perturb(true.T_base_camera, np.array([0, 0, 0, 0.0018, 0.0024, 0.0]))   # 3 mm
     worse = perturb(true.T_base_camera, np.array([0, 0, 0, 0.009, 0.012, 0.0]))   # 15 mm
     rec = {"x": x, "fit_T_base_camera": half.tolist()}
-    assert workspace_outcome(rec, accepted=True)[0] == "recovered"
-    assert workspace_outcome(rec, accepted=False)[0] == "kept"
-    assert workspace_outcome({"x": x, "fit_T_base_camera": worse.tolist()}, accepted=True)[0] == "wrong"
-    assert workspace_outcome({"x": x}, accepted=True)[0] is None  # a stored fit without its pose
+    assert workspace_outcome(rec, accepted=True, true=true)[0] == "recovered"
+    assert workspace_outcome(rec, accepted=False, true=true)[0] == "kept"
+    assert workspace_outcome({"x": x, "fit_T_base_camera": worse.tolist()}, accepted=True, true=true)[0] == "wrong"
+    assert workspace_outcome({"x": x}, accepted=True, true=true)[0] is None  # a stored fit without its pose
