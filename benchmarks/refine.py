@@ -2,7 +2,7 @@
 keeps the calibration as given, or writes a pose farther from the truth.
 
     .venv/bin/python benchmarks/refine.py [--cells 64] [--frames 10] [--seed 0] [--workers 2]
-        [--out outputs/bench_refine] [--look natural|target] [--measured-walls] [--replay]
+        [--out outputs/bench_refine] [--look natural|target] [--measured-walls] [--replay] [--accept KEY=VALUE]
     .venv/bin/python benchmarks/refine.py --cell DIR [--cell DIR ...]
 
 Each cell draws a wall height (20-60 mm, the contract's range) and thickness (3-30 mm)
@@ -63,7 +63,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
-from perception.core.refine import AcceptSettings, RefineSettings, decide, perturb, pose_change  # noqa: E402
+from perception.core.refine import (  # noqa: E402
+    AcceptSettings,
+    RefineError,
+    RefineSettings,
+    decide,
+    perturb,
+    pose_change,
+)
 
 #: Every RIGHT_EVERY-th cell's calibration is right: at most these errors.
 RIGHT_EVERY, RIGHT_MM, RIGHT_DEG = 8, 2.0, 0.1
@@ -358,6 +365,9 @@ def main() -> int:
     ap.add_argument("--measured-walls", action="store_true",
                     help="give the fit the walls' height and thickness, each read within 1 mm of the truth")
     ap.add_argument("--replay", action="store_true", help="judge the stored fits again; fit nothing")
+    ap.add_argument("--accept", action="append", default=[], metavar="KEY=VALUE",
+                    help="judge with this accept setting instead of the packaged one (repeatable): a replay "
+                         "tries a rule without editing conf/calibrate_refine.yaml")
     ap.add_argument("--cell", type=Path, action="append", default=[], metavar="DIR",
                     help="a labelled cell's folder (repeatable): refine there, walls against the true wall pixels")
     args = ap.parse_args()
@@ -368,7 +378,10 @@ def main() -> int:
         cells = [measure_cell(folder, args.measured_walls) for folder in args.cell]
         print(json.dumps({"cells": cells}))
         return 0
-    acc = AcceptSettings.defaults()
+    try:
+        acc = AcceptSettings.defaults(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.accept)})
+    except (ValueError, RefineError) as exc:
+        ap.error(f"--accept: {exc}")
     path = args.out / f"{args.look}_seed{args.seed}_f{args.frames}{'_walls' if args.measured_walls else ''}.jsonl"
     done = {}
     if path.exists():
