@@ -22,7 +22,7 @@ from perception.core.artifact import (
     load_metadata,
 )
 from perception.core.calibration import project_points
-from perception.core.decode import decode_grasp, grasp_in_workspace
+from perception.core.decode import DecodeOptions, decode_grasp, grasp_in_workspace
 from perception.core.frames import GRIPPER_MAX_WIDTH
 from perception.core.grasp import normalize_angle
 from perception.core.testing import make_test_artifact, make_test_frame
@@ -125,7 +125,7 @@ def test_runner_output_shapes_and_peak(artifact_dir, calib):
     assert maps.quality.shape == (A, H, W) and maps.quality.dtype == np.float32
     assert maps.width.shape == (H, W) and maps.height.shape == (H, W)
     assert np.all((maps.quality >= 0) & (maps.quality <= 1))
-    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, 0.5)
+    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, DecodeOptions(0.5))
     assert dec.grasp is not None
     # The synthetic prior peaks at (0.5, 0.05) on the table, 2 cm up.
     assert dec.grasp.position[0] == pytest.approx(0.5, abs=0.01)
@@ -157,12 +157,12 @@ def test_drift_warnings(calib):
 def test_threshold_and_workspace(artifact_dir, calib):
     runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
     m = runner.infer(make_test_frame(calib))
-    dec = decode_grasp(m.quality, m.width, m.height, calib, runner.view, 0.99)
+    dec = decode_grasp(m.quality, m.width, m.height, calib, runner.view, DecodeOptions(0.99))
     assert dec.grasp is None and dec.pixel is None and "threshold" in dec.reason
     # A quality map whose only good pixels lie outside the workspace gives no grasp.
     q = np.zeros_like(m.quality)
     q[:, 0, 0] = 1.0  # the view's corner is outside the workspace (margin around it)
-    dec = decode_grasp(q, m.width, m.height, calib, runner.view, 0.5)
+    dec = decode_grasp(q, m.width, m.height, calib, runner.view, DecodeOptions(0.5))
     assert dec.grasp is None and "workspace" in dec.reason
 
 
@@ -170,10 +170,10 @@ def test_nan_maps_never_give_a_grasp(artifact_dir, calib):
     meta = load_metadata(artifact_dir)
     W, H = meta.input_size
     q = np.full((8, H, W), np.nan, dtype=np.float32)
-    dec = decode_grasp(q, np.zeros((H, W)), np.zeros((H, W)), calib, meta.view, 0.0)
+    dec = decode_grasp(q, np.zeros((H, W)), np.zeros((H, W)), calib, meta.view, DecodeOptions(0.0))
     assert dec.grasp is None
     q = np.ones((8, H, W), dtype=np.float32)
-    dec = decode_grasp(q, np.full((H, W), np.nan), np.zeros((H, W)), calib, meta.view, 0.0)
+    dec = decode_grasp(q, np.full((H, W), np.nan), np.zeros((H, W)), calib, meta.view, DecodeOptions(0.0))
     assert dec.grasp is None
 
 
@@ -205,9 +205,9 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
     surface = (rng.random((32, 40)) * rng.choice([0.0, 0.03, 0.1])).astype(np.float32)
     if kind != "table":
         rule = on_part = None  # both need a top-down view (refused otherwise: test_rule.py, below)
-    dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin,
-                       neighbourhood_px=neighbourhood, width_margin=width_margin, surface=surface, rule=rule,
-                       on_part_px=on_part)
+    options = DecodeOptions(threshold, workspace_margin=margin, neighbourhood_px=neighbourhood,
+                            width_margin=width_margin, rule=rule, on_part_px=on_part)
+    dec = decode_grasp(q, width, height, calib, view, options, surface=surface)
     if dec.grasp is None:
         assert dec.reason
         return
@@ -239,12 +239,12 @@ def test_decode_neighbourhood_prefers_a_broad_peak_and_width_margin_opens(calib)
     q[2, 10:15, 10:15] = 0.9  # a plateau
     w = np.full((48, 48), 0.05, np.float32)
     h = np.full((48, 48), 0.02, np.float32)
-    spike = decode_grasp(q, w, h, calib, view, 0.5)
+    spike = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5))
     assert spike.view_pixel == (30.0, 20.0) and spike.angle_bin == 1
-    robust = decode_grasp(q, w, h, calib, view, 0.5, neighbourhood_px=1, width_margin=0.02)
+    robust = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, neighbourhood_px=1, width_margin=0.02))
     assert robust.angle_bin == 2 and 11 <= robust.view_pixel[0] <= 13 and 11 <= robust.view_pixel[1] <= 13
     assert robust.grasp.quality == pytest.approx(0.9) and robust.grasp.width == pytest.approx(0.07)
-    wide = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08)
+    wide = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08))
     assert wide.grasp.width == pytest.approx(GRIPPER_MAX_WIDTH)
 
 
@@ -260,26 +260,27 @@ def test_on_part_answers_null_on_an_empty_bin_and_keeps_grasps_on_parts(calib):
     w = np.full((48, 48), 0.05, np.float32)
     h = np.full((48, 48), 0.02, np.float32)
     floor = np.zeros((48, 48), np.float32)
-    assert decode_grasp(q, w, h, calib, view, 0.5, surface=floor).grasp is not None  # off: the floor is answered
-    empty = decode_grasp(q, w, h, calib, view, 0.5, surface=floor, on_part_px=1)
+    off = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5), surface=floor)
+    assert off.grasp is not None  # off: the floor is answered
+    empty = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=floor)
     assert empty.grasp is None and "looks empty" in empty.reason
     speck = floor.copy()
     speck[20:22, 20:22] = 0.04  # 4 cells: noise, not a part
-    assert "looks empty" in decode_grasp(q, w, h, calib, view, 0.5, surface=speck, on_part_px=1).reason
+    assert "looks empty" in decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=speck).reason
 
     part = floor.copy()
     part[14:20, 14:20] = 0.03
     q[2, 15:19, 15:19] = 0.7
-    dec = decode_grasp(q, w, h, calib, view, 0.5, surface=part, on_part_px=1)
+    dec = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=part)
     assert dec.angle_bin == 2 and 13 <= dec.view_pixel[0] <= 20 and 13 <= dec.view_pixel[1] <= 20
     q[2] = 0.1  # no grasp on the part is good enough: null, not the floor
-    low = decode_grasp(q, w, h, calib, view, 0.5, surface=part, on_part_px=1)
+    low = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=part)
     assert low.grasp is None and "on a predicted part" in low.reason
     with pytest.raises(ValueError, match="top-down view"):
         cam = network_view(calib, (48, 48))
-        decode_grasp(q, w, h, calib, cam, 0.5, surface=part, on_part_px=1)
+        decode_grasp(q, w, h, calib, cam, DecodeOptions(0.5, on_part_px=1), surface=part)
     with pytest.raises(ValueError, match="surface map"):
-        decode_grasp(q, w, h, calib, view, 0.5, on_part_px=1)
+        decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1))
 
 
 def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, calib):
@@ -335,7 +336,7 @@ def test_decode_with_every_pixel_a_candidate_picks_the_best_in_the_workspace(cal
     q = rng.random((16, 224, 224)).astype(np.float32)
     w = np.full((224, 224), 0.05, np.float32)
     h = np.full((224, 224), 0.02, np.float32)
-    res = decode_grasp(q, w, h, calib, view, 0.0)
+    res = decode_grasp(q, w, h, calib, view, DecodeOptions(0.0))
     assert res.grasp is not None and res.reason is None
     x, y = res.grasp.position[:2]
     assert calib.in_workspace(float(x), float(y))
