@@ -21,7 +21,7 @@ from perception.core.artifact import (
     calibration_sha256,
     load_metadata,
 )
-from perception.core.calibration import project_points
+from perception.core.calibration import Calibration, project_points
 from perception.core.decode import DecodeOptions, decode_grasp, grasp_in_workspace
 from perception.core.frames import GRIPPER_MAX_WIDTH
 from perception.core.grasp import normalize_angle
@@ -427,3 +427,47 @@ def test_the_metadata_writer_writes_only_what_the_loader_reads(tmp_path):
         write_metadata(art, meta)  # the graph changed after its hash was taken
     del meta["onnx_sha256"]
     assert write_metadata(art, meta).onnx_path == art / "policy.onnx"  # a missing hash is taken from the graph
+
+
+def test_runner_decide_is_infer_then_decode(tmp_path, artifact_dir, calib):
+    """PolicyRunner.decide answers exactly what infer + decode_grasp with the artifact's options
+    answered (the service's path before it), and passes a frame's calibration, avoid list and
+    re-rank (a function of the quality maps) through."""
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    meta["decode"] = {"neighbourhood_px": 1, "width_margin": 0.02}
+    meta["quality_threshold"] = 0.3
+    (d / "metadata.json").write_text(json.dumps(meta))
+    runner = PolicyRunner(d, intra_op_num_threads=1)
+    assert runner.meta.decode_options == DecodeOptions(runner.meta.quality_threshold, neighbourhood_px=1,
+                                                       width_margin=0.02)
+    raw = make_test_frame(calib)
+
+    def same(a, b):
+        assert a.to_dict() == b.to_dict() and a.view_pixel == b.view_pixel and a.angle_bin == b.angle_bin
+
+    maps = runner.infer(raw)
+    old = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
+                       DecodeOptions(runner.meta.quality_threshold, **runner.meta.decode), surface=maps.surface)
+    got_maps, got = runner.decide(raw)
+    assert got.grasp is not None
+    same(got, old)
+    np.testing.assert_array_equal(got_maps.quality, maps.quality)
+    # the server's own options, a grasp to avoid, a re-rank from the maps, another calibration
+    options = runner.meta.decode_options.replace(threshold=0.02, workspace_margin=0.01)
+    shift = np.zeros_like(maps.quality)
+    shift[(got.angle_bin + 1) % shift.shape[0]] = 0.5
+    moved = Calibration.from_dict({**calib.to_dict(), "table_z": calib.table_z + 0.002}, check_view=False)
+    m2 = runner.infer(raw, calibration=moved)
+    old = decode_grasp(m2.quality, m2.width, m2.height, moved, runner.view, options, surface=m2.surface,
+                       avoid=[got.grasp], rerank=shift)
+    seen = []
+    _, new = runner.decide(raw, options, calibration=moved, avoid=[got.grasp],
+                           rerank=lambda q: seen.append(q) or shift)
+    same(new, old)
+    assert new.grasp.position[2] == pytest.approx(got.grasp.position[2] + 0.002)  # the frame's calibration
+    assert (new.view_pixel, new.angle_bin) != (got.view_pixel, got.angle_bin)  # avoided, re-ranked
+    assert len(seen) == 1 and seen[0] is not None and seen[0].shape == maps.quality.shape
+    _, new = runner.decide(raw, options, calibration=moved, avoid=[got.grasp], rerank=shift)  # an array as well
+    same(new, old)
