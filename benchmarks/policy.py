@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> dict:
     q, w, h, *surface = onnx_out
     surface_map = surface[0][0, 0] if surface else None
     pre_ms = _time(lambda: runner.preprocess(raw), args.n)
-    dec_ms = _time(lambda: decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, 0.0, surface=surface_map,
-                                        **runner.meta.decode), args.n)
+    # The decode alone, timed on maps already computed (PolicyRunner.decide would time the graph too).
+    every = runner.meta.decode_options.replace(threshold=0.0)
+    dec_ms = _time(lambda: decode_grasp(q[0], w[0, 0], h[0, 0], runner.calib, runner.view, every, surface=surface_map),
+                   args.n)
     result = {
         "input": [1, 3, H, W],
         "parameters": count_parameters(net),

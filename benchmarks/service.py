@@ -235,12 +235,13 @@ def _stage_timings(args: argparse.Namespace, artifact, calib: Calibration, threa
     # The decode's re-ranking checks side by side (where the fingers land, what the jaws meet):
     # the decode with them and without them, whichever the artifact has.
     defaults = OmegaConf.load(ROOT / "conf" / "policy" / "default.yaml").decode
-    checks_on = {**runner.meta.decode, **{k: runner.meta.decode.get(k, defaults.get(k)) for k in CHECK_OPTIONS}}
-    checks_on = {k: v for k, v in checks_on.items() if v is not None}  # an artifact without them: the config's defaults
-    checks_off = {k: v for k, v in runner.meta.decode.items() if k not in CHECK_OPTIONS}
+    options = runner.meta.decode_options
     has_surface = runner.view.is_table and (runner.meta.geometry is not None or "surface" in runner.meta.outputs)
+    on = {k: runner.meta.decode.get(k, defaults.get(k)) for k in CHECK_OPTIONS}  # absent: the config's defaults
     if has_surface:
         stages["grasp_decode_checks_on"], stages["grasp_decode_checks_off"] = [], []
+        checks_on, checks_off = options.replace(**on), options.replace(**dict.fromkeys(CHECK_OPTIONS))
+    # The stages are timed one by one on the same frame: decode_grasp itself, not PolicyRunner.decide.
     if fp32 is not None:
         stages["forward_fp32"] = []
         if "geometry" in stages:
@@ -268,28 +269,26 @@ def _stage_timings(args: argparse.Namespace, artifact, calib: Calibration, threa
             stages["forward_fp32"].append(time.perf_counter() - t)
         if "geometry" in stages:
             surface = _time_geometry(runner, fp32, rgb, stages)
-        decode = functools.partial(decode_grasp, q[0], w[0, 0], h[0, 0], runner.calib, runner.view,
-                                   runner.meta.quality_threshold)
+        decode = functools.partial(decode_grasp, q[0], w[0, 0], h[0, 0], runner.calib, runner.view)
         t = time.perf_counter()
-        dec = decode(surface=surface[0][0, 0] if surface else None, **runner.meta.decode)
+        dec = decode(options, surface=surface[0][0, 0] if surface else None)
         stages["grasp_decode"].append(time.perf_counter() - t)
         if has_surface:
             for key, opts in (("grasp_decode_checks_on", checks_on), ("grasp_decode_checks_off", checks_off)):
                 t = time.perf_counter()
-                decode(surface=surface[0][0, 0], **opts)
+                decode(opts, surface=surface[0][0, 0])
                 stages[key].append(time.perf_counter() - t)
         t = time.perf_counter()
         fingerprint = guard.fingerprint(rgb)
         avoid = guard.failed(fingerprint)
         stages["repeat_guard"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        dec = decode(surface=surface[0][0, 0] if surface else None, **runner.meta.decode, avoid=avoid,
-                     **guard.decode_options)
+        dec = decode(guard.avoidance(options), surface=surface[0][0, 0] if surface else None, avoid=avoid)
         stages["grasp_decode_avoiding"].append(time.perf_counter() - t)
         t = time.perf_counter()
         guard.answered(fingerprint, dec.grasp)
         stages["repeat_guard"][-1] += time.perf_counter() - t
-    return stages, runner.precision, [k for k in CHECK_OPTIONS if k in checks_on]
+    return stages, runner.precision, [k for k in CHECK_OPTIONS if on[k] is not None]
 
 
 def _time_geometry(runner: PolicyRunner, fp32: PolicyRunner | None, rgb: np.ndarray, stages: dict) -> list:

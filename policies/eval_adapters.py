@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from perception.core.calibration import Calibration, project_points
-from perception.core.decode import DecodedGrasp, decode_grasp
+from perception.core.decode import DecodedGrasp, DecodeOptions, decode_grasp
 from perception.core.geometry import NetworkView
 from perception.core.grasp import Grasp
 
@@ -69,6 +69,8 @@ class OnnxPolicy:
                                    precision=precision)
         self.threshold = float(self.runner.meta.quality_threshold if threshold is None else threshold)
         self.workspace_margin = float(workspace_margin)
+        self.options = self.runner.meta.decode_options.replace(threshold=self.threshold,
+                                                               workspace_margin=self.workspace_margin)
         self.name = f"onnx:{Path(artifact_dir).name}"
 
     @property
@@ -85,12 +87,8 @@ class OnnxPolicy:
 
     def __call__(self, raw_rgb: np.ndarray | None, calibration: Calibration | None = None) -> DecodedGrasp:
         """Grasp for one raw frame; ``calibration`` overrides the serving one for this frame."""
-        calib = self.runner.calib if calibration is None else calibration
-        maps = self.runner.infer(raw_rgb, calibration=calibration)
-        return decode_grasp(
-            maps.quality, maps.width, maps.height, calib, self.runner.view, self.threshold,
-            workspace_margin=self.workspace_margin, surface=maps.surface, **self.runner.meta.decode,
-        )
+        _, dec = self.runner.decide(raw_rgb, self.options, calibration=calibration)
+        return dec
 
 
 class TorchPolicy:
@@ -137,7 +135,9 @@ class TorchPolicy:
         # The decode options and the exported graph's forward (with its test-time mirror
         # average when configured) the policy was trained with, as its artifact carries them.
         pcfg = (hp.get("config") or {}).get("policy", {})
-        self.decode = dict(pcfg.get("decode") or {})
+        # The same check of them as the artifact's and the config's (DecodeOptions.from_dict).
+        self.options = DecodeOptions.from_dict(pcfg.get("decode") or {}, threshold=self.threshold,
+                                               workspace_margin=self.workspace_margin)
         self.graph = ExportWrapper(self.net, bool(pcfg.get("flip_average", False))).to(device).eval()
         self.device = device
         self._torch = torch
@@ -160,5 +160,4 @@ class TorchPolicy:
         """Grasp for one raw frame; ``calibration`` overrides the policy's for this frame."""
         calib = self.calibration if calibration is None else calibration
         q, w, h, s = self.maps(raw_rgb, calib)
-        return decode_grasp(q, w, h, calib, self.view, self.threshold, workspace_margin=self.workspace_margin,
-                            surface=s, **self.decode)
+        return decode_grasp(q, w, h, calib, self.view, self.options, surface=s)

@@ -15,7 +15,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from perception.core.calibration import Calibration, project_points
-from perception.core.decode import DecodedGrasp, decode_grasp
+from perception.core.decode import DecodedGrasp, DecodeOptions, decode_grasp
 from perception.core.geometry import NetworkView
 from perception.core.grasp import Grasp
 from policies.eval_adapters import decoded_at
@@ -185,6 +185,7 @@ class ObservedRulePolicy(Bracket):
         super().__init__()
         self.view, self.angle_bins = view, int(angle_bins)
         self.rule = {**(rule or {}), "quality_power": 0.0}
+        self.options = DecodeOptions(threshold=1e-6, rule=self.rule)
 
     def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
         from policies.data import table_view_surface
@@ -199,4 +200,5 @@ class ObservedRulePolicy(Bracket):
         W, H = self.view.size
         flat = np.ones((self.angle_bins, H, W), np.float32)
         zeros = np.zeros((H, W), np.float32)
-        return decode_grasp(flat, zeros, zeros, calib, self.view, 1e-6, surface=surface, rule=self.rule)
+        # Flat maps on the rendered surface, no network: decode_grasp itself, not PolicyRunner.decide.
+        return decode_grasp(flat, zeros, zeros, calib, self.view, self.options, surface=surface)

@@ -280,17 +280,14 @@ def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence
     recorded grasp against its outcome, and its own answers on those frames (null rate).
     Returns the summary and the quality at each attempt (for :func:`auc_difference`)."""
     from perception.core.artifact import PolicyRunner
-    from perception.core.decode import decode_grasp
 
     runner = PolicyRunner(artifact, calib)
     scores, labels, nulls = [], [], 0
     for a, raw in zip(attempts, frames):
-        maps = runner.infer(raw)
+        maps, dec = runner.decide(raw)
         ab, v, u = _label_bin(a, calib, runner.view, runner.meta.angle_bins)
         scores.append(float(maps.quality[ab, v, u]))
         labels.append(bool(a["outcome"]["success"]))
-        dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
-                           runner.meta.quality_threshold, surface=maps.surface, **runner.meta.decode)
         nulls += dec.grasp is None
     n = len(attempts)
     return {"attempts": n, "successes": int(sum(labels)), "auc": roc_auc(scores, labels),

@@ -56,8 +56,9 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     """Refuse option combinations that would only fail after training (a clear message, early).
 
     Raises:
-        ValueError: an unknown view kind, a decode rule or finger-landing check without a top-down
-            view, both of them at once, or a finger-landing share outside [0, 1].
+        ValueError: an unknown view kind, a decode rule or re-ranking check without a top-down
+            view, or decode options :class:`perception.core.decode.DecodeOptions` refuses (both
+            of them at once, a share outside [0, 1], ...).
     """
     pcfg = policy_config(pcfg)
     kind = str((pcfg.get("view") or policy_default("view"))["kind"])
@@ -74,31 +75,28 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    from perception.core.rule import CHECK_OPTIONS, rule_options
+    from perception.core.decode import DecodeOptions, DecodeOptionsError
+    from perception.core.rule import CHECK_OPTIONS
 
     decode = pcfg.get("decode") or {}
-    rule = decode.get("rule")
-    if rule is not None:
-        try:
-            rule_options(rule)
-        except ValueError as exc:
-            raise ValueError(f"policy.decode.rule: {exc}") from exc
-        if kind != "table":
-            raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
-                             "set policy.decode.rule=null for a camera view")
+    if isinstance(decode, DictConfig):
+        decode = OmegaConf.to_container(decode, resolve=True)
+    # What the view must be for the options that are on (a camera view hears it first) ...
+    if decode.get("rule") is not None and kind != "table":
+        raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
+                         "set policy.decode.rule=null for a camera view")
     shares = [key for key in CHECK_OPTIONS if decode.get(key) is not None]  # the decode's re-ranking checks
-    for key in shares:
-        try:
-            CHECK_OPTIONS[key](decode[key])
-        except ValueError as exc:
-            raise ValueError(f"policy.decode.{key} {exc}") from exc
     if shares and kind != "table":
         raise ValueError(f"policy.decode.{' and '.join(shares)} need the top-down view (policy.view.kind=table); "
                          f"set {' '.join(f'policy.decode.{k}=null' for k in shares)} for a camera view")
-    if shares and rule is not None:
-        raise ValueError(f"policy.decode.{' and '.join(shares)} and policy.decode.rule are exclusive (the rule's own "
-                         f"test covers where the fingers land and the jaws close): set "
-                         f"{' '.join(f'policy.decode.{k}=null' for k in shares)} to use the rule")
+    # ... and the options themselves: the one check, the artifact's (perception/core/decode.py).
+    threshold = pcfg.get("quality_threshold")
+    try:
+        DecodeOptions.from_dict(decode, threshold=0.5 if threshold is None else threshold)
+    except DecodeOptionsError as exc:
+        raise ValueError(exc.located("policy.decode")) from exc
+    except ValueError as exc:  # the threshold: the artifact's quality_threshold
+        raise ValueError(f"policy.quality_threshold: {exc}") from exc
 
 
 def _float_metrics(metrics: dict) -> dict[str, float]:

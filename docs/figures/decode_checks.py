@@ -72,15 +72,17 @@ def main() -> None:
         share = OmegaConf.load(conf).decode.get(args.check)
     if share is None:
         raise SystemExit(f"no share for {args.check}: the artifact and conf/policy/default.yaml have none; pass --share")
-    plain = {k: v for k, v in runner.meta.decode.items() if k != args.check}
+    plain = runner.meta.decode_options.replace(**{args.check: None})
+    checked = plain.replace(**{args.check: float(share)})
     px_m = 1.0 / float(np.linalg.norm(runner.view.K[0, :2]))
     rows = []
     for path in args.frames:
         raw = read_image(path, expected_size=runner.calib.image_size)
         maps = runner.infer(raw, keep_view=True)
-        decs = [decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
-                             runner.meta.quality_threshold, surface=maps.surface, **opts)
-                for opts in (plain, {**plain, args.check: float(share)})]
+        # One frame's maps decoded twice (without the check, with it): decode_grasp on them.
+        decs = [decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, opts,
+                             surface=maps.surface)
+                for opts in (plain, checked)]
         frame = raw.copy()
         for dec, color in zip(decs, (FAILURE_COLOR, SUCCESS_COLOR)):
             if dec.grasp is not None:  # the fingertip line, as the robot is asked to close it

@@ -4,7 +4,7 @@ The artifact is the only thing the robot side loads: an ONNX graph and a JSON fi
 never a pickle. :func:`load_metadata` validates ``metadata.json``;
 :class:`PolicyRunner` wraps an onnxruntime session and turns one raw camera frame into
 the policy's maps (:class:`PolicyMaps`), using the same :func:`perception.core.preprocess.preprocess`
-as training.
+as training, and (:meth:`PolicyRunner.decide`) into the decoded grasp.
 
 Metadata (``format_version`` 1)::
 
@@ -63,6 +63,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,11 +71,13 @@ from typing import Any
 import numpy as np
 
 from perception.core.calibration import Calibration, CalibrationError
+from perception.core.decode import DecodedGrasp, DecodeOptions, DecodeOptionsError, decode_grasp
 from perception.core.frames import rotation_angle
 from perception.core.geometry import NetworkView, SurfaceRebuild
+from perception.core.grasp import Grasp
 from perception.core.jsonio import read_json, to_jsonable, write_json
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, to_network_input
-from perception.core.rule import CHECK_OPTIONS, rule_options
+from perception.core.rule import CHECK_OPTIONS
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -214,8 +217,11 @@ class ArtifactMetadata:
             and ``"surface"`` when the graph has it.
         angle_bins: number of image-plane angle bins ``A``.
         quality_threshold: default decision threshold.
-        decode: keyword options of :func:`perception.core.decode.decode_grasp` the policy was
-            tuned with (``neighbourhood_px``, ``width_margin``, ``rule``).
+        decode_options: the :class:`~perception.core.decode.DecodeOptions` the policy was tuned
+            with (``metadata.json: decode``, checked), its threshold ``quality_threshold``:
+            what :meth:`PolicyRunner.decide` decodes with by default.
+        decode: the same options as ``metadata.json`` holds them (:meth:`DecodeOptions.to_dict`:
+            ``neighbourhood_px``, ``width_margin`` and the options that are on).
         view: the network's :class:`~perception.core.geometry.NetworkView`.
         calibration: the calibration the policy was trained for.
         raw: the whole JSON document.
@@ -234,6 +240,7 @@ class ArtifactMetadata:
     quality_threshold: float
     view: NetworkView
     calibration: Calibration
+    decode_options: DecodeOptions
     raw: dict = field(default_factory=dict)
     decode: dict = field(default_factory=dict)
     geometry: GeometryMetadata | None = None
@@ -291,41 +298,14 @@ def _triple(d: dict, key: str, where: str = "input") -> tuple[float, float, floa
     return vals  # type: ignore[return-value]
 
 
-def _decode_options(d: Any) -> dict:
-    """Validated ``decode`` options (unknown keys are refused: they would be silently ignored)."""
-    if not isinstance(d, dict):
-        raise ArtifactError("artifact metadata field 'decode' must be an object")
-    unknown = set(d) - {"neighbourhood_px", "width_margin", "rule", "on_part_px", *CHECK_OPTIONS}
-    if unknown:
-        raise ArtifactError(f"artifact metadata field 'decode' has unknown keys {sorted(unknown)}")
+def _decode_options(d: Any, threshold: float) -> DecodeOptions:
+    """The validated ``decode`` options (:meth:`DecodeOptions.from_dict`: unknown keys are refused,
+    they would be silently ignored), with the artifact's quality threshold."""
     try:
-        out = {"neighbourhood_px": int(d.get("neighbourhood_px", 0)), "width_margin": float(d.get("width_margin", 0.0))}
-    except (TypeError, ValueError) as exc:
-        raise ArtifactError(f"artifact metadata field 'decode' must hold numbers: {exc}") from exc
-    if out["neighbourhood_px"] < 0 or not 0.0 <= out["width_margin"] <= 1.0:
-        raise ArtifactError("artifact metadata field 'decode': neighbourhood_px must be >= 0, width_margin in [0, 1] m")
-    if d.get("on_part_px") is not None:
-        try:
-            out["on_part_px"] = int(d["on_part_px"])
-        except (TypeError, ValueError) as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.on_part_px' must be an integer: {exc}") from exc
-        if out["on_part_px"] < 0:
-            raise ArtifactError("artifact metadata field 'decode.on_part_px' must be >= 0 (or null: off)")
-    for key, check in CHECK_OPTIONS.items():  # the decode's re-ranking checks
-        if d.get(key) is None:
-            continue
-        try:
-            out[key] = check(d[key])
-        except ValueError as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.{key}' {exc}") from exc
-        if d.get("rule") is not None:
-            raise ArtifactError(f"artifact metadata fields 'decode.{key}' and 'decode.rule' are exclusive")
-    if d.get("rule") is not None:
-        try:
-            out["rule"] = rule_options(d["rule"])
-        except ValueError as exc:
-            raise ArtifactError(f"artifact metadata field 'decode.rule': {exc}") from exc
-    return out
+        return DecodeOptions.from_dict(d, threshold=threshold)
+    except DecodeOptionsError as exc:
+        raise ArtifactError(f"artifact metadata field{'s' if len(exc.keys) > 1 else ''} "
+                            f"{exc.located('decode', quote=chr(39))}") from exc
 
 
 def policy_metadata(
@@ -349,7 +329,8 @@ def policy_metadata(
         output_names: the graph's output names (``quality``, ``width``, ``height``[, ``surface``]).
         training: what the artifact was trained on (stored as ``training``).
         code_version: the commit it was exported at.
-        decode: :func:`perception.core.decode.decode_grasp` options (``None``: none).
+        decode: the ``decode`` mapping (:meth:`perception.core.decode.DecodeOptions.from_dict`
+            reads it; ``None``: none).
     """
     w, h = (int(v) for v in input_size)
     return {
@@ -493,7 +474,8 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     if threshold < LOW_THRESHOLD_WARNING:
         log.warning("the artifact's quality_threshold is %.3f: nearly every grasp passes it, and an empty bin is "
                     "answered with a grasp", threshold)
-    decode = _decode_options(raw.get("decode", {}))
+    decode_options = _decode_options(raw.get("decode", {}), threshold)
+    decode = decode_options.to_dict()
     try:
         view = NetworkView.from_dict(_req(raw, "view"))
     except (KeyError, TypeError, ValueError) as exc:
@@ -526,6 +508,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         quality_threshold=threshold,
         view=view,
         calibration=calib,
+        decode_options=decode_options,
         raw=raw,
         decode=decode,
         geometry=geometry,
@@ -764,6 +747,36 @@ class PolicyRunner:
         surface, _ = pending.result()
         return PolicyMaps(quality=maps.quality, width=maps.width, height=maps.height, view_rgb=maps.view_rgb,
                           surface=surface)
+
+    def decide(
+        self,
+        raw_rgb: np.ndarray,
+        options: DecodeOptions | None = None,
+        *,
+        calibration: Calibration | None = None,
+        avoid: Sequence[Grasp] = (),
+        rerank: np.ndarray | Callable[[np.ndarray], np.ndarray] | None = None,
+        keep_view: bool = False,
+    ) -> tuple[PolicyMaps, DecodedGrasp]:
+        """One raw frame to the decoded answer: :meth:`infer`, then
+        :func:`perception.core.decode.decode_grasp` on its maps (and surface) through the same
+        calibration. The one way a policy is run on a frame.
+
+        Args:
+            options: ``None``: the artifact's (:attr:`ArtifactMetadata.decode_options`, its
+                ``quality_threshold``); a server's own threshold or margin:
+                ``runner.meta.decode_options.replace(threshold=...)``.
+            calibration: overrides the serving one for this frame (as in :meth:`infer`).
+            avoid: grasps not to answer (the repeat memory's).
+            rerank: ``(A, H, W)`` quality shifts, or a function of the quality maps that gives
+                them (the online residual needs the maps first).
+            keep_view: keep the network's input image in the returned maps.
+        """
+        maps = self.infer(raw_rgb, keep_view=keep_view, calibration=calibration)
+        dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib if calibration is None else calibration,
+                           self.view, self.meta.decode_options if options is None else options, surface=maps.surface,
+                           avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank)
+        return maps, dec
 
     def geometry_maps(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The geometry graph on one raw frame: ``height`` and ``part`` probability ``(H, W)`` in its camera view."""

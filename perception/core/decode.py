@@ -23,8 +23,9 @@ An artifact with a geometry graph (:mod:`perception.core.artifact`) hands in, as
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import cv2
 import numpy as np
@@ -36,6 +37,7 @@ from perception.core.grasp import Grasp, angle_bin_centers, normalize_angle, vie
 from perception.core.repeats import DEFAULT_REPEATS
 from perception.core.rule import (
     ABOVE_TIPS,
+    CHECK_OPTIONS,
     DEFAULT_RULE,
     finger_landing,
     finger_obstacle,
@@ -47,7 +49,7 @@ from perception.core.rule import (
     support_score,
 )
 
-__all__ = ["DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
+__all__ = ["DecodeOptions", "DecodeOptionsError", "DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
 
 #: What a grasp whose finger would land on something loses in the choice (``fingers_clear``):
 #: more than any score's range, so every clear grasp comes first.
@@ -90,6 +92,131 @@ class DecodedGrasp:
         }
 
 
+#: The keys of an artifact's ``decode`` (``metadata.json``) and of ``policy.decode``: the options
+#: a policy is tuned with. The others of :class:`DecodeOptions` (the threshold, the workspace
+#: margin, the repeat memory's reach) are the server's settings, never read from that mapping.
+DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "on_part_px", *CHECK_OPTIONS)
+
+
+class DecodeOptionsError(ValueError):
+    """A bad decode option: :attr:`problem` with the :attr:`keys` it is about (none: the whole
+    ``decode`` mapping). ``str()`` names them ``decode.KEY``; :meth:`located` as the reader of
+    the options calls them (the artifact's ``'decode.KEY'``, the config's ``policy.decode.KEY``)."""
+
+    def __init__(self, problem: str, *keys: str) -> None:
+        self.problem = problem
+        self.keys = keys
+        super().__init__(self.located("decode"))
+
+    def located(self, section: str, quote: str = "") -> str:
+        """The message with each key named ``{quote}{section}.{key}{quote}``."""
+        names = [f"{quote}{section}.{k}{quote}" for k in self.keys] or [f"{quote}{section}{quote}"]
+        return f"{' and '.join(names)} {self.problem}"
+
+
+def _number(key: str, value: Any, kind: Callable[[Any], Any], what: str) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise DecodeOptionsError(f"must be {what}: {exc}", key) from exc
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Every option of :func:`decode_grasp`, checked once, here (see its arguments).
+
+    Built from an artifact's or a config's ``decode`` mapping by :meth:`from_dict` (which
+    refuses unknown keys), or directly; every construction (:meth:`replace` too) checks and
+    types the values. ``rule``: the validated grasp-rule options (the given keys of
+    :data:`perception.core.rule.DEFAULT_RULE`); ``None``: off, as every check is.
+
+    Raises:
+        DecodeOptionsError: a ``decode`` option of the wrong type or range, or checks combined
+            with ``rule`` (a :class:`ValueError` naming the key).
+        ValueError: ``threshold`` outside ``[0, 1]``, a negative ``workspace_margin``,
+            ``avoid_radius`` or ``avoid_yaw``.
+    """
+
+    threshold: float
+    workspace_margin: float = 0.0
+    neighbourhood_px: int = 0
+    width_margin: float = 0.0
+    rule: dict | None = None
+    on_part_px: int | None = None
+    fingers_clear: float | None = None
+    jaws_on_part: float | None = None
+    sweep_depth: float | None = None
+    part_centre: float | None = None
+    avoid_radius: float = DEFAULT_REPEATS["radius"]
+    avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"])
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        for name, what in (("threshold", "in [0, 1]"), ("workspace_margin", ">= 0 m"), ("avoid_radius", ">= 0 m"),
+                           ("avoid_yaw", ">= 0 rad")):
+            try:
+                value = float(getattr(self, name))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"decode {name} must be a number: {exc}") from exc
+            if not (0.0 <= value <= 1.0 if name == "threshold" else 0.0 <= value < math.inf):  # NaN fails too
+                raise ValueError(f"decode {name} must be {what}, got {getattr(self, name)!r}")
+            put(name, value)
+        put("neighbourhood_px", _number("neighbourhood_px", self.neighbourhood_px, int, "an integer"))
+        if self.neighbourhood_px < 0:
+            raise DecodeOptionsError("must be >= 0", "neighbourhood_px")
+        put("width_margin", _number("width_margin", self.width_margin, float, "a number of metres"))
+        if not 0.0 <= self.width_margin <= 1.0:  # NaN fails too
+            raise DecodeOptionsError(f"must be in [0, 1] m, got {self.width_margin!r}", "width_margin")
+        if self.on_part_px is not None:
+            put("on_part_px", _number("on_part_px", self.on_part_px, int, "an integer"))
+            if self.on_part_px < 0:
+                raise DecodeOptionsError("must be >= 0 (or null: off)", "on_part_px")
+        for key, check in CHECK_OPTIONS.items():  # the re-ranking checks
+            if getattr(self, key) is not None:
+                try:
+                    put(key, check(getattr(self, key)))
+                except ValueError as exc:
+                    raise DecodeOptionsError(str(exc), key) from exc
+        if self.rule is not None:
+            try:
+                put("rule", rule_options(self.rule))
+            except ValueError as exc:
+                raise DecodeOptionsError(f"is not valid: {exc}", "rule") from exc
+            checks = [key for key in CHECK_OPTIONS if getattr(self, key) is not None]
+            if checks:
+                raise DecodeOptionsError("are exclusive (the rule's own test covers where the fingers land and "
+                                         "the jaws close)", *checks, "rule")
+
+    @classmethod
+    def from_dict(cls, d: Any, *, threshold: float, workspace_margin: float = 0.0) -> DecodeOptions:
+        """The options of a ``decode`` mapping (:data:`DECODE_KEYS`; absent or null: the default),
+        with the server's ``threshold`` and ``workspace_margin``.
+
+        Raises:
+            DecodeOptionsError: not a mapping, unknown keys (they would be silently ignored), or
+                a bad value (see the class).
+        """
+        if not isinstance(d, Mapping):
+            raise DecodeOptionsError("must be an object (a mapping of option to value)")
+        unknown = set(d) - set(DECODE_KEYS)
+        if unknown:
+            raise DecodeOptionsError(f"has unknown keys {sorted(unknown)}; known: {list(DECODE_KEYS)}")
+        return cls(threshold=threshold, workspace_margin=workspace_margin, **{str(k): v for k, v in d.items()})
+
+    def to_dict(self) -> dict:
+        """The ``decode`` mapping of these options (``metadata.json``): ``neighbourhood_px``,
+        ``width_margin`` and the options that are on."""
+        out: dict = {"neighbourhood_px": self.neighbourhood_px, "width_margin": self.width_margin}
+        out.update({k: getattr(self, k) for k in DECODE_KEYS if k not in out and getattr(self, k) is not None})
+        return out
+
+    def replace(self, **changes: Any) -> DecodeOptions:
+        """A copy with ``changes`` (checked as any construction is)."""
+        return replace(self, **changes)
+
+
 def grasp_in_workspace(grasp: Grasp, calib: Calibration, margin: float = 0.0) -> bool:
     """Whether a grasp is safe to hand to the robot: finite, inside the workspace, and with
     its fingertips between ``MIN_TIP_CLEARANCE`` and ``MAX_TIP_HEIGHT`` above the table."""
@@ -116,20 +243,10 @@ def decode_grasp(
     height: np.ndarray,
     calib: Calibration,
     view: NetworkView,
-    threshold: float,
-    workspace_margin: float = 0.0,
-    neighbourhood_px: int = 0,
-    width_margin: float = 0.0,
+    options: DecodeOptions,
+    *,
     surface: np.ndarray | None = None,
-    rule: dict | None = None,
-    on_part_px: int | None = None,
-    fingers_clear: float | None = None,
-    jaws_on_part: float | None = None,
-    sweep_depth: float | None = None,
-    part_centre: float | None = None,
     avoid: Sequence[Grasp] = (),
-    avoid_radius: float = DEFAULT_REPEATS["radius"],
-    avoid_yaw: float = math.radians(DEFAULT_REPEATS["yaw_deg"]),
     rerank: np.ndarray | None = None,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
@@ -141,6 +258,19 @@ def decode_grasp(
         height: ``(H, W)`` predicted fingertip height above ``table_z``, metres.
         calib: the serving camera (pose, workspace, intrinsics for ``pixel``).
         view: the network's view.
+        options: the decode's options (:class:`DecodeOptions`, checked when built), below.
+        surface: ``(H, W)`` predicted surface above ``table_z``, metres (needed by ``rule`` and
+            the checks); per frame.
+        avoid: grasps not to answer (:class:`perception.core.repeats.RepeatGuard`: they just
+            failed on this scene): no candidate whose centre, at its own fingertip height,
+            is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
+            within ``avoid_yaw`` radians (inclusive) of its yaw; per frame.
+        rerank: ``(A, H, W)`` shifts added to the quality of the entries at or above
+            ``threshold`` when choosing among them (:class:`perception.robot.online.OnlineResidual`):
+            it re-ranks the network's candidates and never admits one below the threshold;
+            the answered quality stays the network's; per frame.
+
+    The fields of ``options``:
         threshold: minimum quality; below it no grasp is returned.
         workspace_margin: metres by which the workspace is shrunk on every side.
         neighbourhood_px: ``r > 0`` scores each (angle, pixel) by the *lowest* quality in
@@ -150,7 +280,6 @@ def decode_grasp(
         width_margin: metres added to the predicted opening (clipped to the gripper's
             0.08 m): the descent is guarded, and an opening a little wide rarely hurts
             while one a little narrow lands a finger on the part.
-        surface: ``(H, W)`` predicted surface above ``table_z``, metres (needed by ``rule``).
         rule: options of the grasp rule (:data:`perception.core.rule.DEFAULT_RULE`; ``None``:
             off; table views only). Only grasps that fit the predicted surface
             (:func:`perception.core.rule.fitting_grasps`) are candidates; each scores
@@ -191,37 +320,30 @@ def decode_grasp(
             farthest cell or off it), so that within each check's tier a grasp across a
             part's middle comes before one at its end of the same quality. Table views only;
             not with ``rule``.
-        avoid: grasps not to answer (:class:`perception.core.repeats.RepeatGuard`: they just
-            failed on this scene): no candidate whose centre, at its own fingertip height,
-            is closer than ``avoid_radius`` metres (in ``x, y``) to one and whose yaw is
-            within ``avoid_yaw`` radians (inclusive) of its yaw.
-        rerank: ``(A, H, W)`` shifts added to the quality of the entries at or above
-            ``threshold`` when choosing among them (:class:`perception.robot.online.OnlineResidual`):
-            it re-ranks the network's candidates and never admits one below the threshold;
-            the answered quality stays the network's.
+        avoid_radius, avoid_yaw: the reach of ``avoid`` (metres, radians).
 
     Returns:
         :class:`DecodedGrasp`; its ``grasp`` is ``None`` with a ``reason`` when no
         (angle, pixel) at or above ``threshold`` maps inside the workspace.
         Non-finite map values never produce a grasp.
     """
+    o = options
+    threshold, rule, avoid_radius, avoid_yaw = o.threshold, o.rule, o.avoid_radius, o.avoid_yaw
     q, wmap, hmap = _checked_maps(quality, width, height, view)
     A, H, W = q.shape
-    q = _neighbourhood_worst(q, int(neighbourhood_px))
+    q = _neighbourhood_worst(q, o.neighbourhood_px)
     rule_width = None
     if rule is not None:
         q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
-    q, avoided = _without_failures(q, avoid, hmap, calib, view, threshold, float(avoid_radius), float(avoid_yaw))
+    q, avoided = _without_failures(q, avoid, hmap, calib, view, threshold, avoid_radius, avoid_yaw)
     if rerank is None:
         score = q
     else:
         with np.errstate(invalid="ignore"):
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
-    checks = {"fingers_clear": fingers_clear, "jaws_on_part": jaws_on_part, "sweep_depth": sweep_depth,
-              "part_centre": part_centre}
+    checks = {key: getattr(o, key) for key in CHECK_OPTIONS}
     reranked = rerank is not None or any(c is not None for c in checks.values())
-    score, parts, tips = _apply_checks(q, score, threshold, wmap, hmap, float(width_margin), surface, calib, view,
-                                       checks, rule is not None)
+    score, parts, tips = _apply_checks(q, score, threshold, wmap, hmap, o.width_margin, surface, calib, view, checks)
     abin = score.argmax(axis=0)
     if tips is not None:
         hmap = np.take_along_axis(tips, abin[None], axis=0)[0]
@@ -230,8 +352,8 @@ def decode_grasp(
     valid = (qbest >= threshold) & np.isfinite(wmap) & np.isfinite(hmap)
     if rule_width is not None:
         valid &= qbest > 0  # grasps that do not fit score 0
-    if on_part_px is not None:
-        near = _near(parts if parts is not None else _parts(surface, calib, view, "on_part_px"), int(on_part_px))
+    if o.on_part_px is not None:
+        near = _near(parts if parts is not None else _parts(surface, calib, view, "on_part_px"), o.on_part_px)
         if not near.any():
             return _none(f"the bin looks empty: the predicted surface shows no part higher than "
                          f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace")
@@ -246,7 +368,7 @@ def decode_grasp(
         best = float(qbest.max()) if np.isfinite(qbest).any() else float("nan")
         return _none(f"no grasp reaches the quality threshold {threshold:.2f} (best {best:.2f})")
 
-    m = float(workspace_margin)
+    m = o.workspace_margin
     vs, us = np.divmod(idx, W)
     uv = np.stack([us, vs], axis=1).astype(np.float64)
     z, inside, why = _centres_inside(uv, hmap.reshape(-1)[idx], calib, view, m, threshold)
@@ -258,7 +380,7 @@ def decode_grasp(
     a = int(abin[v, u])
     opening = wmap[v, u] if rule_width is None else rule_width[a, v, u]
     # (the opening stays in the maps' float32 until it is clipped, as it always was)
-    return _answer(u, v, a, A, float(z[k]), opening + float(width_margin), float(qbest[v, u]), calib, view, m)
+    return _answer(u, v, a, A, float(z[k]), opening + o.width_margin, float(qbest[v, u]), calib, view, m)
 
 
 def _checked_maps(quality: np.ndarray, width: np.ndarray, height: np.ndarray,
@@ -330,9 +452,10 @@ def _neighbourhood_worst(q: np.ndarray, r: int) -> np.ndarray:
 
 def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.ndarray, hmap: np.ndarray,
                   width_margin: float, surface: np.ndarray | None, calib: Calibration, view: NetworkView,
-                  checks: dict, with_rule: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+                  checks: dict) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The re-ranking checks on the predicted surface (``fingers_clear``, ``jaws_on_part``,
-    ``sweep_depth``, ``part_centre``; see :func:`decode_grasp`).
+    ``sweep_depth``, ``part_centre``; see :func:`decode_grasp`; never with ``rule``:
+    :class:`DecodeOptions` refuses them together).
 
     Returns:
         The score, the surface's parts when a check needed them, and the fingertip heights
@@ -340,9 +463,6 @@ def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.n
     """
     if all(c is None for c in checks.values()):
         return score, None, None
-    if with_rule:
-        raise ValueError("fingers_clear, jaws_on_part, sweep_depth and part_centre are exclusive with rule: the "
-                         "rule's own test covers where the fingers land and the jaws close")
     A = q.shape[0]
     # A check moves a grasp below every one that passes it, and keeps it above every grasp
     # below the threshold: it re-ranks, it never admits or removes one.
@@ -497,8 +617,9 @@ def _near(parts: np.ndarray, radius_px: int) -> np.ndarray:
 def _apply_rule(
     q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``."""
-    opt = {**DEFAULT_RULE, **rule_options(rule)}
+    """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``
+    (``rule``: :attr:`DecodeOptions.rule`, checked)."""
+    opt = {**DEFAULT_RULE, **rule}
     s = _surface_map(surface, view, "the grasp rule")
     A = q.shape[0]
     px_m = _cell_m(view)

@@ -32,11 +32,14 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
+
+if TYPE_CHECKING:  # perception.core.decode reads DEFAULT_REPEATS from here
+    from perception.core.decode import DecodeOptions
 
 from perception.core.calibration import Calibration, project_points
 from perception.core.grasp import Grasp
@@ -143,20 +146,21 @@ class RepeatGuard:
         guard = cls(calib, options)
         return guard if guard.enabled else None
 
-    def avoiding(self, rgb: np.ndarray) -> tuple[np.ndarray, dict]:
-        """A frame's fingerprint (for :meth:`answered`) and the :func:`perception.core.decode.decode_grasp`
-        keywords that avoid the grasps that failed on it."""
+    def avoiding(self, rgb: np.ndarray) -> tuple[np.ndarray, list[Grasp]]:
+        """A frame's fingerprint (for :meth:`answered`) and the grasps that failed on it: the
+        ``avoid`` of :func:`perception.core.decode.decode_grasp` (with options from :meth:`avoidance`)."""
         fingerprint = self.fingerprint(rgb)
-        return fingerprint, {"avoid": self.failed(fingerprint), **self.decode_options}
+        return fingerprint, self.failed(fingerprint)
 
     @property
     def enabled(self) -> bool:
         return int(self.options["memory"]) > 0
 
-    @property
-    def decode_options(self) -> dict:
-        """The :func:`perception.core.decode.decode_grasp` keywords that apply the avoidance."""
-        return {"avoid_radius": float(self.options["radius"]), "avoid_yaw": math.radians(float(self.options["yaw_deg"]))}
+    def avoidance(self, options: DecodeOptions) -> DecodeOptions:
+        """``options`` with this guard's reach (``avoid_radius``, ``avoid_yaw``): what the decode
+        of a frame's ``avoid`` list (:meth:`avoiding`) runs with."""
+        return replace(options, avoid_radius=float(self.options["radius"]),
+                       avoid_yaw=math.radians(float(self.options["yaw_deg"])))
 
     def fingerprint(self, rgb: np.ndarray) -> np.ndarray:
         return frame_fingerprint(rgb, int(self.options["block_px"]))

@@ -13,7 +13,7 @@ A top-down grasp centred on a cell of a height map, closing along an angle, *fit
 
 This is the rule the twin's labeller proposes its candidates with and the policy's dense
 pseudo-labels use (both import it from here): one set of numbers, stated here. The grasp decode applies it
-to the *predicted* surface (``perception.core.decode.decode_grasp(..., rule=...)``): the
+to the *predicted* surface (``perception.core.decode.DecodeOptions(..., rule=...)``): the
 network then only has to see the shape of the bin's contents, a dense regression from
 every pixel, while the physics-verified quality map ranks what fits.
 
@@ -54,7 +54,7 @@ ABOVE_TIPS = 0.003
 #: A surface this far above the table is a part, metres (the bin floor and the table are below).
 OBJECT_HEIGHT = 0.008
 
-#: Decode options of the rule (``decode_grasp(..., rule=...)``; an artifact's ``decode.rule``).
+#: Decode options of the rule (``DecodeOptions(..., rule=...)``; an artifact's ``decode.rule``).
 DEFAULT_RULE: dict[str, float] = {
     "object_height": OBJECT_HEIGHT,
     "min_object_px": 8,  # connected part cells; fewer is noise of the predicted surface

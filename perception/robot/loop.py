@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from perception.core.artifact import PolicyRunner
-from perception.core.decode import decode_grasp, grasp_in_workspace
+from perception.core.decode import grasp_in_workspace
 from perception.core.jsonio import write_json
 from perception.core.outcomes import MEASURED_FIELDS, OutcomeError, check_measured
 from perception.core.recording import Recording, RecordingError, load_attempts
@@ -149,6 +149,12 @@ class GraspLoop:
         self._consecutive_failed = 0
         self._previous: Frame | None = None
         self.repeats = RepeatGuard.build(self.calib, self.cfg.repeats)
+        #: What every frame is decoded with: the artifact's options, the loop's threshold and
+        #: margin, and the repeat memory's reach.
+        self.options = runner.meta.decode_options.replace(threshold=self.threshold,
+                                                          workspace_margin=self.cfg.workspace_margin)
+        if self.repeats is not None:
+            self.options = self.repeats.avoidance(self.options)
 
     @property
     def calib(self):
@@ -180,14 +186,11 @@ class GraspLoop:
             self._failed(bad)
             return None
         t0 = time.perf_counter()
-        avoid: dict = {}
+        avoid: list = []
         try:
             if self.repeats is not None:
                 fingerprint, avoid = self.repeats.avoiding(frame.image)
-            maps = self.runner.infer(frame.image)
-            dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                               self.threshold, self.cfg.workspace_margin, surface=maps.surface,
-                               **self.runner.meta.decode, **avoid)
+            _, dec = self.runner.decide(frame.image, self.options, avoid=avoid)
         except Exception as exc:  # one bad frame is one failed step, never the end of the loop
             log.exception("processing frame %d failed", frame.index)
             self._failed(f"processing frame {frame.index} failed: {exc}")

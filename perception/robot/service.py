@@ -53,7 +53,7 @@ from starlette.requests import ClientDisconnect
 
 from perception.core.artifact import PRECISIONS, ArtifactError, PolicyRunner, check_calibration, load_metadata
 from perception.core.calibration import Calibration, CalibrationError
-from perception.core.decode import DecodedGrasp, decode_grasp, grasp_in_workspace
+from perception.core.decode import DecodedGrasp, grasp_in_workspace
 from perception.core.imageio import ImageDecodeError, decode_image, encode_image
 from perception.core.outcomes import FINGERTIP_Z_RANGE_M, JAW_WIDTH_RANGE_M, OutcomeError, parse_outcome
 from perception.core.overlay import draw_decoded
@@ -156,6 +156,11 @@ class GraspService:
         self.precision = precision
         # None: every frame is answered on its own (the CLI turns the memory on: conf/repeats/default.yaml).
         self.repeats = RepeatGuard.build(self.calib, repeats)
+        #: What every frame is decoded with: the artifact's options, this server's threshold and
+        #: margin, and the repeat memory's reach.
+        self.options = self.meta.decode_options.replace(threshold=self.threshold, workspace_margin=self.margin)
+        if self.repeats is not None:
+            self.options = self.repeats.avoidance(self.options)
         self.runner: PolicyRunner | None = None
         self.load_error: str | None = None
         if not int(record_max_attempts) > 0:
@@ -195,14 +200,14 @@ class GraspService:
         Raises ImageDecodeError / PreprocessError."""
         assert self.runner is not None
         rgb = decode_image(body, expected_size=self.calib.image_size, max_jpeg_scans=self.max_jpeg_scans)
-        avoid: dict = {}
+        # The repeat memory: the grasps that just failed on this scene are not answered again.
+        avoid: list = []
         if self.repeats is not None:
             fingerprint, avoid = self.repeats.avoiding(rgb)
-        maps = self.runner.infer(rgb)
-        rerank = None if self.online is None else self.online.rerank(maps.quality)
-        dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib, self.runner.view,
-                           self.threshold, self.margin, surface=maps.surface, **self.meta.decode, **avoid,
-                           rerank=rerank)
+        # The online residual re-ranks the network's candidates, from the frame's quality maps.
+        rerank = None if self.online is None else self.online.rerank
+        _, dec = self.runner.decide(rgb, self.options, avoid=avoid, rerank=rerank)
+        # The workspace safety check, on what leaves the service.
         if dec.grasp is not None and not grasp_in_workspace(dec.grasp, self.calib, self.margin):
             dec = DecodedGrasp(None, None, None, "grasp refused by the workspace safety check")
         attempt_id = self._record(body, ext, dec) if self.recording is not None and dec.grasp is not None else None

@@ -90,8 +90,10 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
         view = runner.preprocess(raw)
         shown = translator(view) if translator is not None else view
         maps = runner.infer_view(shown)
+        # The maps of a translated view image, not of a raw frame: decode_grasp on them with the
+        # artifact's options (PolicyRunner.decide starts from a raw frame).
         dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
-                           runner.meta.quality_threshold, surface=maps.surface, **runner.meta.decode)
+                           runner.meta.decode_options, surface=maps.surface)
         img = np.ascontiguousarray(shown).copy()
         if dec.view_pixel is not None and dec.view_angle is not None:
             draw_grasp(img, dec.view_pixel, dec.view_angle, 0.15 * img.shape[1], SUCCESS_COLOR, 1)

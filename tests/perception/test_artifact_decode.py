@@ -21,8 +21,8 @@ from perception.core.artifact import (
     calibration_sha256,
     load_metadata,
 )
-from perception.core.calibration import project_points
-from perception.core.decode import decode_grasp, grasp_in_workspace
+from perception.core.calibration import Calibration, project_points
+from perception.core.decode import DecodeOptions, decode_grasp, grasp_in_workspace
 from perception.core.frames import GRIPPER_MAX_WIDTH
 from perception.core.grasp import normalize_angle
 from perception.core.testing import make_test_artifact, make_test_frame
@@ -125,7 +125,7 @@ def test_runner_output_shapes_and_peak(artifact_dir, calib):
     assert maps.quality.shape == (A, H, W) and maps.quality.dtype == np.float32
     assert maps.width.shape == (H, W) and maps.height.shape == (H, W)
     assert np.all((maps.quality >= 0) & (maps.quality <= 1))
-    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, 0.5)
+    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, DecodeOptions(0.5))
     assert dec.grasp is not None
     # The synthetic prior peaks at (0.5, 0.05) on the table, 2 cm up.
     assert dec.grasp.position[0] == pytest.approx(0.5, abs=0.01)
@@ -157,12 +157,12 @@ def test_drift_warnings(calib):
 def test_threshold_and_workspace(artifact_dir, calib):
     runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
     m = runner.infer(make_test_frame(calib))
-    dec = decode_grasp(m.quality, m.width, m.height, calib, runner.view, 0.99)
+    dec = decode_grasp(m.quality, m.width, m.height, calib, runner.view, DecodeOptions(0.99))
     assert dec.grasp is None and dec.pixel is None and "threshold" in dec.reason
     # A quality map whose only good pixels lie outside the workspace gives no grasp.
     q = np.zeros_like(m.quality)
     q[:, 0, 0] = 1.0  # the view's corner is outside the workspace (margin around it)
-    dec = decode_grasp(q, m.width, m.height, calib, runner.view, 0.5)
+    dec = decode_grasp(q, m.width, m.height, calib, runner.view, DecodeOptions(0.5))
     assert dec.grasp is None and "workspace" in dec.reason
 
 
@@ -170,10 +170,10 @@ def test_nan_maps_never_give_a_grasp(artifact_dir, calib):
     meta = load_metadata(artifact_dir)
     W, H = meta.input_size
     q = np.full((8, H, W), np.nan, dtype=np.float32)
-    dec = decode_grasp(q, np.zeros((H, W)), np.zeros((H, W)), calib, meta.view, 0.0)
+    dec = decode_grasp(q, np.zeros((H, W)), np.zeros((H, W)), calib, meta.view, DecodeOptions(0.0))
     assert dec.grasp is None
     q = np.ones((8, H, W), dtype=np.float32)
-    dec = decode_grasp(q, np.full((H, W), np.nan), np.zeros((H, W)), calib, meta.view, 0.0)
+    dec = decode_grasp(q, np.full((H, W), np.nan), np.zeros((H, W)), calib, meta.view, DecodeOptions(0.0))
     assert dec.grasp is None
 
 
@@ -205,9 +205,9 @@ def test_decode_property_never_outside_workspace(calib, seed, threshold, margin,
     surface = (rng.random((32, 40)) * rng.choice([0.0, 0.03, 0.1])).astype(np.float32)
     if kind != "table":
         rule = on_part = None  # both need a top-down view (refused otherwise: test_rule.py, below)
-    dec = decode_grasp(q, width, height, calib, view, threshold, workspace_margin=margin,
-                       neighbourhood_px=neighbourhood, width_margin=width_margin, surface=surface, rule=rule,
-                       on_part_px=on_part)
+    options = DecodeOptions(threshold, workspace_margin=margin, neighbourhood_px=neighbourhood,
+                            width_margin=width_margin, rule=rule, on_part_px=on_part)
+    dec = decode_grasp(q, width, height, calib, view, options, surface=surface)
     if dec.grasp is None:
         assert dec.reason
         return
@@ -239,12 +239,12 @@ def test_decode_neighbourhood_prefers_a_broad_peak_and_width_margin_opens(calib)
     q[2, 10:15, 10:15] = 0.9  # a plateau
     w = np.full((48, 48), 0.05, np.float32)
     h = np.full((48, 48), 0.02, np.float32)
-    spike = decode_grasp(q, w, h, calib, view, 0.5)
+    spike = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5))
     assert spike.view_pixel == (30.0, 20.0) and spike.angle_bin == 1
-    robust = decode_grasp(q, w, h, calib, view, 0.5, neighbourhood_px=1, width_margin=0.02)
+    robust = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, neighbourhood_px=1, width_margin=0.02))
     assert robust.angle_bin == 2 and 11 <= robust.view_pixel[0] <= 13 and 11 <= robust.view_pixel[1] <= 13
     assert robust.grasp.quality == pytest.approx(0.9) and robust.grasp.width == pytest.approx(0.07)
-    wide = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08)
+    wide = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08))
     assert wide.grasp.width == pytest.approx(GRIPPER_MAX_WIDTH)
 
 
@@ -260,26 +260,27 @@ def test_on_part_answers_null_on_an_empty_bin_and_keeps_grasps_on_parts(calib):
     w = np.full((48, 48), 0.05, np.float32)
     h = np.full((48, 48), 0.02, np.float32)
     floor = np.zeros((48, 48), np.float32)
-    assert decode_grasp(q, w, h, calib, view, 0.5, surface=floor).grasp is not None  # off: the floor is answered
-    empty = decode_grasp(q, w, h, calib, view, 0.5, surface=floor, on_part_px=1)
+    off = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5), surface=floor)
+    assert off.grasp is not None  # off: the floor is answered
+    empty = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=floor)
     assert empty.grasp is None and "looks empty" in empty.reason
     speck = floor.copy()
     speck[20:22, 20:22] = 0.04  # 4 cells: noise, not a part
-    assert "looks empty" in decode_grasp(q, w, h, calib, view, 0.5, surface=speck, on_part_px=1).reason
+    assert "looks empty" in decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=speck).reason
 
     part = floor.copy()
     part[14:20, 14:20] = 0.03
     q[2, 15:19, 15:19] = 0.7
-    dec = decode_grasp(q, w, h, calib, view, 0.5, surface=part, on_part_px=1)
+    dec = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=part)
     assert dec.angle_bin == 2 and 13 <= dec.view_pixel[0] <= 20 and 13 <= dec.view_pixel[1] <= 20
     q[2] = 0.1  # no grasp on the part is good enough: null, not the floor
-    low = decode_grasp(q, w, h, calib, view, 0.5, surface=part, on_part_px=1)
+    low = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1), surface=part)
     assert low.grasp is None and "on a predicted part" in low.reason
     with pytest.raises(ValueError, match="top-down view"):
         cam = network_view(calib, (48, 48))
-        decode_grasp(q, w, h, calib, cam, 0.5, surface=part, on_part_px=1)
+        decode_grasp(q, w, h, calib, cam, DecodeOptions(0.5, on_part_px=1), surface=part)
     with pytest.raises(ValueError, match="surface map"):
-        decode_grasp(q, w, h, calib, view, 0.5, on_part_px=1)
+        decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, on_part_px=1))
 
 
 def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, calib):
@@ -335,7 +336,7 @@ def test_decode_with_every_pixel_a_candidate_picks_the_best_in_the_workspace(cal
     q = rng.random((16, 224, 224)).astype(np.float32)
     w = np.full((224, 224), 0.05, np.float32)
     h = np.full((224, 224), 0.02, np.float32)
-    res = decode_grasp(q, w, h, calib, view, 0.0)
+    res = decode_grasp(q, w, h, calib, view, DecodeOptions(0.0))
     assert res.grasp is not None and res.reason is None
     x, y = res.grasp.position[:2]
     assert calib.in_workspace(float(x), float(y))
@@ -426,3 +427,47 @@ def test_the_metadata_writer_writes_only_what_the_loader_reads(tmp_path):
         write_metadata(art, meta)  # the graph changed after its hash was taken
     del meta["onnx_sha256"]
     assert write_metadata(art, meta).onnx_path == art / "policy.onnx"  # a missing hash is taken from the graph
+
+
+def test_runner_decide_is_infer_then_decode(tmp_path, artifact_dir, calib):
+    """PolicyRunner.decide answers exactly what infer + decode_grasp with the artifact's options
+    answered (the service's path before it), and passes a frame's calibration, avoid list and
+    re-rank (a function of the quality maps) through."""
+    d = tmp_path / "a"
+    shutil.copytree(artifact_dir, d)
+    meta = json.loads((d / "metadata.json").read_text())
+    meta["decode"] = {"neighbourhood_px": 1, "width_margin": 0.02}
+    meta["quality_threshold"] = 0.3
+    (d / "metadata.json").write_text(json.dumps(meta))
+    runner = PolicyRunner(d, intra_op_num_threads=1)
+    assert runner.meta.decode_options == DecodeOptions(runner.meta.quality_threshold, neighbourhood_px=1,
+                                                       width_margin=0.02)
+    raw = make_test_frame(calib)
+
+    def same(a, b):
+        assert a.to_dict() == b.to_dict() and a.view_pixel == b.view_pixel and a.angle_bin == b.angle_bin
+
+    maps = runner.infer(raw)
+    old = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
+                       DecodeOptions(runner.meta.quality_threshold, **runner.meta.decode), surface=maps.surface)
+    got_maps, got = runner.decide(raw)
+    assert got.grasp is not None
+    same(got, old)
+    np.testing.assert_array_equal(got_maps.quality, maps.quality)
+    # the server's own options, a grasp to avoid, a re-rank from the maps, another calibration
+    options = runner.meta.decode_options.replace(threshold=0.02, workspace_margin=0.01)
+    shift = np.zeros_like(maps.quality)
+    shift[(got.angle_bin + 1) % shift.shape[0]] = 0.5
+    moved = Calibration.from_dict({**calib.to_dict(), "table_z": calib.table_z + 0.002}, check_view=False)
+    m2 = runner.infer(raw, calibration=moved)
+    old = decode_grasp(m2.quality, m2.width, m2.height, moved, runner.view, options, surface=m2.surface,
+                       avoid=[got.grasp], rerank=shift)
+    seen = []
+    _, new = runner.decide(raw, options, calibration=moved, avoid=[got.grasp],
+                           rerank=lambda q: seen.append(q) or shift)
+    same(new, old)
+    assert new.grasp.position[2] == pytest.approx(got.grasp.position[2] + 0.002)  # the frame's calibration
+    assert (new.view_pixel, new.angle_bin) != (got.view_pixel, got.angle_bin)  # avoided, re-ranked
+    assert len(seen) == 1 and seen[0] is not None and seen[0].shape == maps.quality.shape
+    _, new = runner.decide(raw, options, calibration=moved, avoid=[got.grasp], rerank=shift)  # an array as well
+    same(new, old)

@@ -16,7 +16,7 @@ from perception.core.calibration import (
     default_calibration_path,
     project_points,
 )
-from perception.core.decode import decode_grasp
+from perception.core.decode import DecodeOptions, decode_grasp
 from perception.core.geometry import table_view, view_pixels_to_base
 
 
@@ -59,12 +59,12 @@ def test_a_corner_out_of_view_loads_with_a_warning_and_is_never_grasped(caplog):
     q[1].reshape(-1)[seen_cell] = 0.6
     wmap = np.full((H, W), 0.05, np.float32)
     hmap = np.full((H, W), 0.02, np.float32)
-    dec = decode_grasp(q, wmap, hmap, calib, view, 0.5)
+    dec = decode_grasp(q, wmap, hmap, calib, view, DecodeOptions(0.5))
     assert dec.grasp is not None and dec.view_pixel == (float(seen_cell % W), float(seen_cell // W))
     u, v = dec.pixel
     assert 0 <= u <= w - 1 and 0 <= v <= h - 1
     q[1] = 0.1
-    none = decode_grasp(q, wmap, hmap, calib, view, 0.5)
+    none = decode_grasp(q, wmap, hmap, calib, view, DecodeOptions(0.5))
     assert none.grasp is None and "where the camera sees" in none.reason
 
 

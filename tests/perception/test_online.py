@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perception.core.decode import decode_grasp
+from perception.core.decode import DecodeOptions, decode_grasp
 from perception.core.geometry import make_view
 from perception.robot.online import OnlineResidual
 from tests.perception.conftest import ThreadServer
@@ -39,8 +39,8 @@ def test_a_rerank_never_admits_a_grasp_the_network_put_below_its_threshold(calib
     q = rng.uniform(0, 1, (A, 32, 32)).astype(np.float32)
     w, h = np.full((32, 32), 0.05, np.float32), np.full((32, 32), 0.02, np.float32)
     shift = rng.uniform(-bound, bound, q.shape).astype(np.float32)
-    plain = decode_grasp(q, w, h, calib, view, threshold)
-    ranked = decode_grasp(q, w, h, calib, view, threshold, rerank=shift)
+    plain = decode_grasp(q, w, h, calib, view, DecodeOptions(threshold))
+    ranked = decode_grasp(q, w, h, calib, view, DecodeOptions(threshold), rerank=shift)
     assert (plain.grasp is None) == (ranked.grasp is None)  # the same candidates, another order
     if ranked.grasp is not None:
         u, v = (int(c) for c in ranked.view_pixel)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perception.core.calibration import project_points
-from perception.core.decode import decode_grasp
+from perception.core.decode import DecodeOptions, decode_grasp
 from perception.core.geometry import make_view
 from perception.core.grasp import Grasp, normalize_angle
 from perception.core.imageio import encode_image
@@ -114,8 +114,9 @@ def test_decode_never_answers_an_avoided_grasp(calib, seed, kind, n_avoid, thres
     width = np.full((32, 40), 0.05, np.float32)
     height = (rng.random((32, 40)) * 0.05).astype(np.float32)
     avoid: list[Grasp] = []
+    options = DecodeOptions(threshold, neighbourhood_px=neighbourhood)
     for _ in range(n_avoid):
-        dec = decode_grasp(q, width, height, calib, view, threshold, neighbourhood_px=neighbourhood, avoid=avoid)
+        dec = decode_grasp(q, width, height, calib, view, options, avoid=avoid)
         if dec.grasp is None:
             assert dec.reason
             break
@@ -124,7 +125,7 @@ def test_decode_never_answers_an_avoided_grasp(calib, seed, kind, n_avoid, thres
         assert calib.in_workspace(g.position[0], g.position[1]) and g.quality >= threshold - 1e-6
         avoid.append(g)
     if avoid:  # without the list the first answer comes back: the decode is deterministic
-        again = decode_grasp(q, width, height, calib, view, threshold, neighbourhood_px=neighbourhood)
+        again = decode_grasp(q, width, height, calib, view, options)
         assert _near(again.grasp, avoid[0])
 
 

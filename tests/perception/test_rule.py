@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from perception.core.artifact import ArtifactError, load_metadata
-from perception.core.decode import decode_grasp
+from perception.core.decode import DecodeOptions, decode_grasp
 from perception.core.frames import GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_MAX_WIDTH
 from perception.core.geometry import make_view, table_view, view_pixels_to_base
 from perception.core.grasp import angle_bin_centers, normalize_angle, view_grasp_to_base
@@ -120,7 +120,7 @@ def test_decode_with_the_rule_grasps_a_bar_across_at_its_height(calib):
     q = np.full((A, 96, 96), 0.5, np.float32)
     w = np.full((96, 96), 0.02, np.float32)
     h = np.full((96, 96), 0.005, np.float32)
-    dec = decode_grasp(q, w, h, calib, view, 0.1, surface=surface, rule={"quality_power": 1.0})
+    dec = decode_grasp(q, w, h, calib, view, DecodeOptions(0.1, rule={"quality_power": 1.0}), surface=surface)
     g = dec.grasp
     assert g is not None
     dx, dy = g.position[0] - x, g.position[1] - y
@@ -132,10 +132,10 @@ def test_decode_with_the_rule_grasps_a_bar_across_at_its_height(calib):
     assert g.position[2] == pytest.approx(calib.table_z + 0.04 - GRASP_DEPTH, abs=1e-6)
     assert 0.024 < g.width <= GRIPPER_MAX_WIDTH
     # the quality still ranks what fits: zero quality there means no grasp at all
-    none = decode_grasp(np.zeros_like(q), w, h, calib, view, 0.1, surface=surface, rule={})
+    none = decode_grasp(np.zeros_like(q), w, h, calib, view, DecodeOptions(0.1, rule={}), surface=surface)
     assert none.grasp is None and "threshold" in none.reason
     # an empty bin: nothing fits
-    empty = decode_grasp(q, w, h, calib, view, 0.0, surface=np.zeros_like(surface), rule={})
+    empty = decode_grasp(q, w, h, calib, view, DecodeOptions(0.0, rule={}), surface=np.zeros_like(surface))
     assert empty.grasp is None
 
 
@@ -143,11 +143,11 @@ def test_decode_rule_refuses_what_it_cannot_use(calib):
     q = np.full((A, 32, 32), 0.5, np.float32)
     m = np.zeros((32, 32), np.float32)
     with pytest.raises(ValueError, match="top-down view"):
-        decode_grasp(q, m, m, calib, make_view(calib, (32, 32), "camera"), 0.1, surface=m, rule={})
+        decode_grasp(q, m, m, calib, make_view(calib, (32, 32), "camera"), DecodeOptions(0.1, rule={}), surface=m)
     with pytest.raises(ValueError, match="surface"):
-        decode_grasp(q, m, m, calib, table_view(calib, (32, 32)), 0.1, rule={})
+        decode_grasp(q, m, m, calib, table_view(calib, (32, 32)), DecodeOptions(0.1, rule={}))
     with pytest.raises(ValueError, match="unknown grasp rule options"):
-        decode_grasp(q, m, m, calib, table_view(calib, (32, 32)), 0.1, surface=m, rule={"support": 1})
+        decode_grasp(q, m, m, calib, table_view(calib, (32, 32)), DecodeOptions(0.1, rule={"support": 1}), surface=m)
 
 
 def test_artifact_rule_needs_a_surface_output(tmp_path, artifact_dir):
@@ -205,9 +205,9 @@ def _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, *
     """A decode check (``fingers_clear=...``, ``sweep_depth=...``) is exclusive with the rule
     and needs the surface map."""
     with pytest.raises(ValueError, match="exclusive"):
-        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, rule={}, **check)
+        decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, rule={}, **check), surface=surface)
     with pytest.raises(ValueError, match="surface map"):
-        decode_grasp(q, w, h, calib, view, 0.5, **check)
+        decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, **check))
 
 
 def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
@@ -217,12 +217,14 @@ def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
     view, surface, q, along_bar, across_bar = _bar_and_two_grasps(calib)
     w = np.full((64, 64), 0.05, np.float32)
     h = np.full((64, 64), 0.02, np.float32)
-    plain = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface)
+    plain = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08), surface=surface)
     assert plain.angle_bin == along_bar
-    clear = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, fingers_clear=0.25)
+    clear = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08, fingers_clear=0.25),
+                         surface=surface)
     assert clear.angle_bin == across_bar and clear.grasp.quality == pytest.approx(0.6)
     q[across_bar] = 0.05
-    still = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, fingers_clear=0.25)
+    still = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08, fingers_clear=0.25),
+                         surface=surface)
     assert still.grasp is not None and still.angle_bin == along_bar
     _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, fingers_clear=0.25)
 
@@ -261,17 +263,17 @@ def test_decode_jaws_on_part_moves_the_grasp_in_from_a_bars_end(calib):
     h = np.full((64, 64), 0.02, np.float32)
     q[across_bar, end[1], end[0]] = 0.9
     q[across_bar, v0, u0] = 0.6
-    plain = decode_grasp(q, w, h, calib, view, 0.5, surface=surface)
+    plain = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5), surface=surface)
     assert plain.view_pixel == end
-    inside = decode_grasp(q, w, h, calib, view, 0.5, surface=surface, jaws_on_part=0.75)
+    inside = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, jaws_on_part=0.75), surface=surface)
     assert inside.view_pixel == (u0, v0) and inside.grasp.quality == pytest.approx(0.6)
     q[across_bar, v0, u0] = 0.05
-    still = decode_grasp(q, w, h, calib, view, 0.5, surface=surface, jaws_on_part=0.75)
+    still = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, jaws_on_part=0.75), surface=surface)
     assert still.view_pixel == end
     with pytest.raises(ValueError, match="exclusive"):
-        decode_grasp(q, w, h, calib, view, 0.5, surface=surface, jaws_on_part=0.75, rule={})
+        decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, jaws_on_part=0.75, rule={}), surface=surface)
     with pytest.raises(ValueError, match="surface map"):
-        decode_grasp(q, w, h, calib, view, 0.5, jaws_on_part=0.75)
+        decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, jaws_on_part=0.75))
 
 
 def _angle_bin_of(calib, view, u: int, v: int, yaw: float, n: int) -> int:
@@ -310,13 +312,14 @@ def test_decode_sweep_depth_raises_the_fingers_over_a_low_neighbour(calib):
     surface = np.maximum(surface, block)
     w = np.full((64, 64), 0.05, np.float32)
     h = np.full((64, 64), 0.015, np.float32)  # the network's: 2.5 cm below the bar's top
-    plain = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface)
+    plain = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08), surface=surface)
     assert plain.angle_bin == along_bar and plain.grasp.position[2] == pytest.approx(calib.table_z + 0.015)
-    swept = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=surface, sweep_depth=0.01)
+    swept = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08, sweep_depth=0.01),
+                         surface=surface)
     assert swept.angle_bin == across_bar and swept.grasp.quality == pytest.approx(0.6)
     assert swept.grasp.position[2] == pytest.approx(calib.table_z + 0.02 + ABOVE_TIPS, abs=1e-6)
     tall = np.maximum(surface, np.where(block > 0, 0.035, 0.0).astype(np.float32))
-    still = decode_grasp(q, w, h, calib, view, 0.5, width_margin=0.08, surface=tall, sweep_depth=0.01)
+    still = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08, sweep_depth=0.01), surface=tall)
     assert still.grasp is not None and still.angle_bin == along_bar
     _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, sweep_depth=0.01)
     with pytest.raises(ValueError, match=r"must be in \[0, 0.05\] m"):
@@ -349,9 +352,10 @@ def test_decode_part_centre_moves_the_grasp_from_a_bars_end_to_its_middle(calib)
     q[across_bar, v0, u0] = 0.8
     w = np.full((64, 64), 0.05, np.float32)
     h = np.full((64, 64), 0.02, np.float32)
-    plain = decode_grasp(q, w, h, calib, view, 0.5, surface=surface)
+    plain = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5), surface=surface)
     assert plain.view_pixel == (u0, v_end)
-    centred = decode_grasp(q, w, h, calib, view, 0.5, surface=surface, part_centre=0.3)
+    centred = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, part_centre=0.3), surface=surface)
     assert centred.view_pixel == (u0, v0) and centred.grasp.quality == pytest.approx(0.8)
-    assert decode_grasp(q, w, h, calib, view, 0.5, surface=surface, part_centre=0.05).view_pixel == (u0, v_end)
+    slight = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, part_centre=0.05), surface=surface)
+    assert slight.view_pixel == (u0, v_end)
     _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, part_centre=0.3)

@@ -176,8 +176,8 @@ def test_the_geometry_network_trains_beside_the_base_and_goes_into_the_artifact(
     maps = runner.infer(frame)
     np.testing.assert_array_equal(maps.surface, surface)
     assert maps.surface.shape == (64, 64) and np.all(np.isfinite(maps.surface))
-    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view, 0.0,
-                       surface=maps.surface, **meta.decode)
+    dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
+                       meta.decode_options.replace(threshold=0.0), surface=maps.surface)
     if not on_part.any():  # no part seen: "the bin looks empty"
         assert dec.grasp is None and "empty" in dec.reason
     with pytest.raises(ValueError, match="needs the top-down view"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from perception.core.calibration import project_points
-from perception.core.decode import decode_grasp
+from perception.core.decode import DecodeOptions, decode_grasp
 from perception.core.frames import MIN_TIP_CLEARANCE
 from perception.core.geometry import base_to_view_pixels, raw_to_view_pixels
 from perception.core.grasp import angle_bin_centers, base_grasp_to_view, normalize_angle, view_grasp_to_base
@@ -60,7 +60,7 @@ def test_decode_returns_the_peak_at_its_height(calib, view, h):
     q[4, v, u] = 0.95
     width = np.full((H, W), 0.05, np.float32)
     height = np.full((H, W), h, np.float32)
-    dec = decode_grasp(q, width, height, calib, view, 0.5)
+    dec = decode_grasp(q, width, height, calib, view, DecodeOptions(0.5))
     assert dec.grasp is not None and dec.reason is None
     assert dec.grasp.position[2] == pytest.approx(max(calib.table_z + h, calib.table_z + MIN_TIP_CLEARANCE))
     np.testing.assert_allclose(base_to_view_pixels(np.array([dec.grasp.position]), calib, view)[0], (u, v), atol=PX_TOL)
@@ -70,7 +70,7 @@ def test_decode_returns_the_peak_at_its_height(calib, view, h):
     # pixel is the raw projection of the position.
     np.testing.assert_allclose(dec.pixel, project_points(np.array([dec.grasp.position]), calib)[0], atol=1e-6)
     # Below the threshold: no grasp, with a reason.
-    none = decode_grasp(q * 0.5, width, height, calib, view, 0.5)
+    none = decode_grasp(q * 0.5, width, height, calib, view, DecodeOptions(0.5))
     assert none.grasp is None and none.reason
 
 

@@ -217,3 +217,54 @@ def test_a_switched_on_augment_section_is_typed_when_checked():
         check_policy_config(_cfg(["policy.augment={hflip: 0.5, shift_px: lots}"]))
     with pytest.raises(ValueError, match="policy.augment.*flip"):
         check_policy_config(_cfg(["policy.augment=null", "policy.augment={flip: 0.5}"]))  # switched off, then on
+
+
+@pytest.mark.parametrize("bad", [
+    {"blur": 2},
+    {"neighbourhood_px": -1},
+    {"neighbourhood_px": "wide"},
+    {"width_margin": 1.5},
+    {"on_part_px": -1},
+    {"fingers_clear": 2},
+    {"jaws_on_part": "much"},
+    {"sweep_depth": 0.2},
+    {"part_centre": -0.5},
+    {"rule": {"support": 1}},
+    {"rule": {}, "jaws_on_part": 0.75},
+])
+def test_decode_options_are_checked_in_one_place(tmp_path, bad):
+    """The same bad decode mapping, in a policy config and in an artifact's metadata.json, is
+    refused with the same words: one validator (DecodeOptions.from_dict), only the way each
+    names the key differs (policy.decode.KEY, 'decode.KEY'). A second check anywhere, worded
+    or ranged its own way, fails this."""
+    import shutil
+
+    from perception.core.artifact import ArtifactError, load_metadata
+    from perception.core.decode import DecodeOptions, DecodeOptionsError
+    from perception.core.testing import make_test_artifact
+    from policies.train import check_policy_config
+
+    with pytest.raises(DecodeOptionsError) as want:
+        DecodeOptions.from_dict(bad, threshold=0.5)
+    policy = OmegaConf.to_container(_cfg().policy)
+    policy["decode"] = bad
+    with pytest.raises(ValueError) as config:
+        check_policy_config(policy)
+    art = tmp_path / "a"
+    shutil.copytree(make_test_artifact(tmp_path / "art"), art)
+    meta = json.loads((art / "metadata.json").read_text())
+    meta["decode"] = bad
+    (art / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError) as artifact:
+        load_metadata(art)
+
+    def problem(message: str, names: list[str]) -> str:
+        """The words after the names of the keys."""
+        at = [message.find(n) for n in names]
+        assert all(i >= 0 for i in at), (message, names)
+        return message[at[-1] + len(names[-1]):].strip()
+
+    keys = list(want.value.keys)
+    from_config = problem(str(config.value), [f"policy.decode.{k}" for k in keys] or ["policy.decode"])
+    from_artifact = problem(str(artifact.value), [f"'decode.{k}'" for k in keys] or ["'decode'"])
+    assert from_config == from_artifact == want.value.problem
