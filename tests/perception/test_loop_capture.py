@@ -131,11 +131,16 @@ def test_loop_rate_limit_and_stale_frames(artifact_dir, frames_dir):
     assert len(robot.requests) == 4
 
 
-def test_loop_threshold_blocks_everything(artifact_dir, frames_dir, tmp_path):
+def test_loop_threshold_blocks_everything(artifact_dir, calib, tmp_path):
     runner = PolicyRunner(artifact_dir, intra_op_num_threads=1)
     robot = DryRunRobot()
     rec = Recording(tmp_path / "att")
-    with ThreadedCamera(ReplayCamera(frames_dir, fps=30)) as cam:
+    # A second of distinct frames at 30 fps: with four, a step slower than 133 ms (a loaded
+    # machine) wraps the folder round to the same picture, which the loop rightly refuses as frozen.
+    second = tmp_path / "second"
+    for i in range(30):
+        write_image(second / f"f_{i:03d}.png", make_test_frame(calib, spot_xy=(0.4 + 0.006 * i, 0.0), seed=i))
+    with ThreadedCamera(ReplayCamera(second, fps=30)) as cam:
         stats = GraspLoop(cam, runner, robot, rec, LoopConfig(rate_hz=100, quality_threshold=1.0, max_steps=3)).run()
     rec.close()
     assert stats.attempts == 0 and stats.no_grasp == 3 and robot.requests == []
