@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Per-test timeout of the slow tier, seconds.
 SLOW_TIMEOUT ?= 900
 
-.PHONY: install install-robot run test test-slow lint duplicates bench clean
+.PHONY: install install-robot run test test-slow lint duplicates docs bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH, or run: make PYTHON=/path/to/python3.11"; exit 2; }
@@ -46,6 +46,12 @@ lint: install
 ## Code written twice (pylint's duplicate-code, six lines; settings in pyproject.toml): run by .ci/run.
 duplicates: install
 	$(BIN)/pylint conf perception sim_render adaptation policies benchmarks tests
+
+## The documentation site (mkdocs.yml) into site/: the generated reference pages must be
+## current (docs/gen_reference.py), and any warning (a broken link or anchor) fails it.
+docs: install
+	$(BIN)/python docs/gen_reference.py --check
+	$(BIN)/mkdocs build --strict --quiet
 
 bench: install
 	$(BIN)/python benchmarks/render.py

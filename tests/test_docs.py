@@ -1,0 +1,50 @@
+"""The documentation's generated reference (docs/gen_reference.py): complete, current, and read
+from the YAML and the source as they are."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# docs/ is not a package: the generator is loaded from its file.
+_spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "gen_reference.py")
+gen = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = gen
+_spec.loader.exec_module(gen)
+
+
+def test_every_installed_command_has_its_options_documented():
+    assert sorted(gen.COMMANDS) == gen.scripts()
+    for names in gen.COMMANDS.values():
+        assert all((gen.CONF / f"{n}.yaml").is_file() for n in names)
+
+
+def test_the_generated_pages_are_current():
+    assert gen.main(["--check"]) == 0, "run: python docs/gen_reference.py"
+
+
+def test_a_comment_is_read_beside_above_and_continued(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("# the header\n#   cmd key=value\n\n"
+                    "a: 1          # metres, the first\n"
+                    "              # and its second line\n"
+                    "# the section's own words\n"
+                    "b:\n"
+                    "  c: 'x # y'  # seconds\n"
+                    "  d: 2\n")
+    comments, header = gen.yaml_comments(path)
+    assert header == ["the header", "cmd key=value"]
+    assert comments == {"a": "metres, the first and its second line", "b": "the section's own words",
+                        "b.c": "seconds"}
+    rows, _defaults, _header = gen.option_table(path)
+    assert "| `b.c` | `x # y` | seconds |" in rows and "| `b.d` | `2` |  |" in rows
+
+
+def test_error_messages_are_found_where_they_are_raised():
+    found = {(f, where, kind, text) for f, where, kind, text in gen.error_messages()}
+    assert ("perception/core/calibration.py", "Calibration.load", "CalibrationError",
+            "calibration file not found: …") in found
+    # Every command's own exit messages (fail, CliError) are there too.
+    assert any(kind in ("fail", "CliError") for _f, _w, kind, _t in found)
