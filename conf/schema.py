@@ -243,6 +243,7 @@ class Decode:
 
 @dataclass
 class Network:
+    _target_: str = "policies.networks.GraspNet"  # the class (policies.networks.build_network)
     base_channels: int = MISSING
     dilations: list[int] = MISSING
 
@@ -283,6 +284,7 @@ class Loss:
 
 @dataclass
 class Optim:
+    _target_: str = "torch.optim.AdamW"  # the optimizer class (policies.module.TimedCosineModule)
     lr: float = MISSING
     weight_decay: float = MISSING
     scheduler: str = MISSING

@@ -45,7 +45,7 @@ from perception.core.preprocess import preprocess, to_network_input
 from perception.core.progress import progress
 from policies.data import sample_nearest, surface_height_view, view_grids
 from policies.module import TimedCosineModule
-from policies.networks import GeometryNet, network_kwargs
+from policies.networks import GeometryNet, build_network
 from policies.weights import load_base
 from sim_render.format import SEG_FIRST_OBJECT
 
@@ -64,7 +64,7 @@ def geometry_view(calib: Calibration, gcfg: dict | DictConfig) -> NetworkView:
 
 def geometry_net(data: dict) -> GeometryNet:
     """The network of a geometry file's contents (``network`` + ``state_dict``), in eval mode."""
-    net = GeometryNet(**network_kwargs(data["network"]))
+    net = build_network(data["network"], GeometryNet, "geometry.network")
     net.load_state_dict(data["state_dict"])
     return net.eval()
 
@@ -215,7 +215,7 @@ class GeometryModule(TimedCosineModule):
         network = dict(network or {})
         self.save_hyperparameters({"network": network, "loss": loss, "optim": optim, "view": view,
                                    "calibration": calibration, "config": config, "channels_last": channels_last})
-        self.net = GeometryNet(**network_kwargs(network))
+        self.net = build_network(network, GeometryNet, "geometry.network")
         self.loss_cfg = {"height_weight": 20.0, "mask_weight": 1.0, "object_weight": 4.0, **(loss or {})}
         self.channels_last = bool(channels_last)
 

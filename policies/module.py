@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from conf import as_dict, with_policy_defaults
-from policies.networks import GraspNet, network_kwargs
+from policies.networks import GraspNet, build_network, configured_class
 
 __all__ = ["TimedCosineModule", "GraspPolicyModule", "grasp_losses"]
 
@@ -117,7 +117,8 @@ class TimedCosineModule(pl.LightningModule):
 
     def __init__(self, optim: dict | DictConfig | None = None) -> None:
         super().__init__()
-        self.optim_cfg = {"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine", "max_steps": 1000, **as_dict(optim)}
+        self.optim_cfg = {"_target_": "torch.optim.AdamW", "lr": 2e-3, "weight_decay": 1e-4, "scheduler": "cosine",
+                          "max_steps": 1000, **as_dict(optim)}
 
     def log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int, prog_bar: bool = True) -> None:
         """Log every loss as ``stage/name`` (``loss`` itself on the progress bar when ``prog_bar``)."""
@@ -126,7 +127,8 @@ class TimedCosineModule(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         o = self.optim_cfg
-        opt = torch.optim.AdamW(self.parameters(), lr=float(o["lr"]), weight_decay=float(o["weight_decay"]))
+        optimizer = configured_class(o, torch.optim.Optimizer, "optim")
+        opt = optimizer(self.parameters(), lr=float(o["lr"]), weight_decay=float(o["weight_decay"]))
         if str(o.get("scheduler", "none")) != "cosine":
             return opt
         self._horizon = max(1, int(o["max_steps"]))
@@ -196,7 +198,7 @@ class GraspPolicyModule(TimedCosineModule):
             {"network": network, "loss": loss, "optim": optim, "view": view, "calibration": calibration,
              "config": config}
         )
-        self.net = GraspNet(**network_kwargs(network))
+        self.net = build_network(network, GraspNet, "policy.network")
         self.loss_cfg = with_policy_defaults("loss", loss)
 
     @property

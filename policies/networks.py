@@ -44,11 +44,41 @@ HEIGHT_MAX = 0.15
 
 def network_kwargs(network: Mapping[str, Any]) -> dict[str, Any]:
     """A network config (``policy.network``, a checkpoint's or a base's ``network``) as keyword
-    arguments of :class:`GraspNet` / :class:`GeometryNet` (``dilations`` as a tuple)."""
-    kw = dict(network)
+    arguments of :class:`GraspNet` / :class:`GeometryNet` (``dilations`` as a tuple; the
+    ``_target_`` that names the class left out)."""
+    kw = {k: v for k, v in dict(network).items() if k != "_target_"}
     if "dilations" in kw:
         kw["dilations"] = tuple(kw["dilations"])
     return kw
+
+
+def configured_class(block: Mapping[str, Any], default: type, what: str) -> type:
+    """The class a config block names in ``_target_`` (a dotted path, as Hydra's ``instantiate``
+    reads it), which must be ``default`` or a subclass of it; ``default`` without one (the
+    checkpoints and bases written before the configs named their class).
+
+    Raises:
+        ValueError: a ``_target_`` that does not import, or names another kind of class.
+    """
+    target = block.get("_target_")
+    if target is None:
+        return default
+    from hydra.utils import get_class  # lazy: Hydra only for a config that names a class
+
+    try:
+        cls = get_class(str(target))
+    except Exception as exc:  # Hydra wraps the import's own error
+        raise ValueError(f"{what}._target_ {target!r} does not name an importable class: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, default)):
+        raise ValueError(f"{what}._target_ {target!r} is not a {default.__module__}.{default.__qualname__} "
+                         "(or a subclass of it)")
+    return cls
+
+
+def build_network(network: Mapping[str, Any], default: type[nn.Module], what: str = "network") -> nn.Module:
+    """The network a config block describes: the class its ``_target_`` names (``default``
+    without one), built with the block's other keys."""
+    return configured_class(network, default, what)(**network_kwargs(network))
 
 
 def count_parameters(module: nn.Module) -> int:

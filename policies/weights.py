@@ -69,8 +69,13 @@ def load_base(name: str | Path, fmt: int | str = BASE_FORMAT) -> dict:
 def check_base_fits(base: dict, pcfg: dict, where: str = "policy.base") -> None:
     """Refuse a base whose network or angle bins differ from the policy config's (its weights
     would not load); warn when only the view size differs."""
-    want = {"angle_bins": int(pcfg["angle_bins"]), **{k: v for k, v in dict(pcfg["network"]).items()}}
+    # The network's class is compared by what it builds: a base saved before the configs named
+    # their class (no ``_target_``) holds a GraspNet, as a config without one builds.
+    default = "policies.networks.GraspNet"
+    want = {"angle_bins": int(pcfg["angle_bins"]), **dict(pcfg["network"])}
+    want["_target_"] = want.get("_target_") or default
     have = dict(base.get("network") or {})
+    have["_target_"] = have.get("_target_") or default
     if {k: have.get(k) for k in want} != {k: (list(v) if isinstance(v, tuple) else v) for k, v in want.items()}:
         raise BaseError(f"{where}: the base's network {have} does not match policy.network/angle_bins {want}; "
                         "set policy.base=null or train a base for this network (sim2real-train-base)")

@@ -268,3 +268,26 @@ def test_decode_options_are_checked_in_one_place(tmp_path, bad):
     from_config = problem(str(config.value), [f"policy.decode.{k}" for k in keys] or ["policy.decode"])
     from_artifact = problem(str(artifact.value), [f"'decode.{k}'" for k in keys] or ["'decode'"])
     assert from_config == from_artifact == want.value.problem
+
+
+def test_the_config_names_the_network_and_optimizer_classes():
+    """``_target_`` picks the class (as Hydra's instantiate reads it); without one, the class a
+    checkpoint or base saved before the configs named it was built with."""
+    import torch
+
+    from policies.module import GraspPolicyModule
+    from policies.networks import GeometryNet, GraspNet, build_network, configured_class
+
+    net = {"base_channels": 4, "dilations": [2]}
+    assert type(build_network(net, GraspNet)) is GraspNet
+    assert type(build_network({"_target_": "policies.networks.GraspNet", **net}, GraspNet)) is GraspNet
+    with pytest.raises(ValueError, match="is not a policies.networks.GraspNet"):
+        build_network({"_target_": "policies.networks.GeometryNet", **net}, GraspNet, "policy.network")
+    with pytest.raises(ValueError, match="does not name an importable class"):
+        configured_class({"_target_": "policies.networks.NoSuchNet"}, GeometryNet, "geometry.network")
+    module = GraspPolicyModule(network={**net, "angle_bins": 4},
+                               optim={"_target_": "torch.optim.SGD", "lr": 0.01, "weight_decay": 0.0,
+                                      "scheduler": "none"})
+    assert type(module.configure_optimizers()) is torch.optim.SGD
+    assert type(GraspPolicyModule(network={**net, "angle_bins": 4}, optim={"scheduler": "none"})
+                .configure_optimizers()) is torch.optim.AdamW
