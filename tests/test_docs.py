@@ -48,3 +48,38 @@ def test_error_messages_are_found_where_they_are_raised():
             "calibration file not found: …") in found
     # Every command's own exit messages (fail, CliError) are there too.
     assert any(kind in ("fail", "CliError") for _f, _w, kind, _t in found)
+
+
+# The lab notebook apart from the pages that say how things work (issue 39): a page that
+# explains stays short enough to read, and every dated experiment is found from the index.
+DOCS = ROOT / "docs"
+EXPERIMENTS = DOCS / "experiments"
+MAX_PAGE_LINES = 300
+
+
+def test_no_page_outside_the_notebook_and_the_reference_is_over_300_lines():
+    long = {}
+    for page in DOCS.rglob("*.md"):
+        if page.parent in (EXPERIMENTS, DOCS / "reference"):
+            continue
+        n = len(page.read_text().splitlines())
+        if n > MAX_PAGE_LINES:
+            long[str(page.relative_to(ROOT))] = n
+    assert not long, f"over {MAX_PAGE_LINES} lines (measurements go to docs/experiments/): {long}"
+
+
+def test_every_experiment_is_linked_from_the_notebook_index():
+    index = (EXPERIMENTS / "index.md").read_text()
+    pages = sorted(p.name for p in EXPERIMENTS.glob("*.md") if p.name != "index.md")
+    assert pages, "docs/experiments/ holds no experiment"
+    assert [p for p in pages if f"]({p})" not in index] == []
+
+
+def test_every_experiment_is_dated_and_states_its_result():
+    for page in EXPERIMENTS.glob("*.md"):
+        if page.name == "index.md":
+            continue
+        lines = page.read_text().splitlines()
+        assert lines[0].startswith("# "), f"{page.name}: starts with its # title"
+        assert any(line.startswith("Result: ") for line in lines), f"{page.name}: no 'Result:' line"
+        assert page.name[:10].count("-") == 2 and page.name[:4].isdigit(), f"{page.name}: YYYY-MM-DD-name.md"
