@@ -179,9 +179,8 @@ def options_page() -> str:
         for name in names:
             rows, defaults, header = option_table(CONF / f"{name}.yaml")
             if len(names) > 1:
-                lines += [f"### `{command} {name.split('_', 1)[1]}` (`conf/{name}.yaml`)", ""]
-            else:
-                lines += [f"From `conf/{name}.yaml`.", ""]
+                lines += [f"### `{name.split('_', 1)[1]}`", ""]
+            lines += [f"From `conf/{name}.yaml`.", ""]
             if header:
                 lines += ["```text", *header, "```", ""]
             picked = [(g, c) for g, c in defaults if g != "_self_" and not g.startswith("override")]
@@ -198,7 +197,7 @@ def options_page() -> str:
         for choice in choices:
             path = CONF / group / f"{choice}.yaml"
             rows, _defaults, header = option_table(path)
-            lines += [f"### `{group}={choice}` (`conf/{group}/{choice}.yaml`)", ""]
+            lines += [f"### `{group}={choice}`", "", f"From `conf/{group}/{choice}.yaml`.", ""]
             if header:
                 lines += ["```text", *header, "```", ""]
             lines += (rows or ["(no options of its own)"]) + [""]
