@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from perception.core.calibration import Calibration, project_points
 from perception.core.grasp import normalize_angle
-from sim_render.camera import setup_renderer
 from sim_render.cell import BIN_WALL_HEIGHT, BIN_WALL_THICKNESS, Cell
 from sim_render.format import (
     SEG_BACKGROUND,
@@ -36,7 +35,6 @@ from sim_render.labels import (
 )
 from sim_render.objects import object_urdfs
 from sim_render.sensor import as_plain, draw_range
-from sim_render.textures import texture_pool
 
 if TYPE_CHECKING:
     from sim_render.randomization import RenderedFrame
@@ -118,6 +116,7 @@ class SceneRenderer:
         if self._state is None:
             calib = Calibration.from_dict(self.calib_dict)
             cfg = self.cfg
+            from sim_render.camera import setup_renderer  # lazy: ~10 ms on the render check path
             from sim_render.randomization import validate_profile  # lazy: hydra via randomization
 
             validate_profile(cfg)
@@ -156,6 +155,7 @@ class SceneRenderer:
             The bin's walls drawn for ``scene`` (``bin_walls`` of the profile; the cell's
             defaults without it): ``{"height": m, "thickness": m}``.
         """
+        from sim_render.textures import texture_pool  # lazy: ~15 ms on the render check path
 
         st = self.world()
         walls = self.bin_walls(scene)
