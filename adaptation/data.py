@@ -32,6 +32,7 @@ from conf import policy_default
 from perception.core.calibration import Calibration, load_calibration
 from perception.core.geometry import NetworkView, make_view
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD, preprocess, preprocess_labels
+from sim_render.reader import SimFrameDataset
 
 __all__ = [
     "SimDataError",
@@ -58,7 +59,6 @@ def open_sim_dataset(sim_dir: str | Path) -> Any:
     root = Path(sim_dir)
     if not root.is_dir():
         raise SimDataError(f"sim dataset folder {root} does not exist; render one with sim2real-render output_dir=DIR")
-    from sim_render.reader import SimFrameDataset
 
     return SimFrameDataset(root, fields=("rgb", "seg"), verify=False)
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaptation.networks import build
 from sim_render.format import SEG_FIRST_OBJECT
 
 __all__ = [
@@ -270,7 +271,6 @@ def train_probe(
     Returns:
         The probe in eval mode, on ``device``, with ``requires_grad`` off.
     """
-    from adaptation.networks import build
 
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):

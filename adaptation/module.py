@@ -35,15 +35,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import cv2
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import Timer
 from torch import nn
+from torchvision.utils import make_grid
 
 from adaptation import metrics as M
 from adaptation.data import to_uint8
 from adaptation.networks import build, count_parameters
+from adaptation.translate import save_generator
 from perception.core.jsonio import to_jsonable
 from sim_render.format import SEG_DISTRACTOR
 
@@ -510,7 +513,6 @@ class CycleGANModule(pl.LightningModule):
     # -------------------------------------------------------------- panels and export
     def _save_panels(self, tag: str, step: int, sim, adapted, rec_sim, real, to_sim, rec_real) -> None:
         """Write ``sim | adapted | cycled`` and ``real | to-sim | cycled`` grids (PNG + logger)."""
-        from torchvision.utils import make_grid
 
         grids = {}
         for name, cols in (("sim2real", (sim, adapted, rec_sim)), ("real2sim", (real, to_sim, rec_real))):
@@ -524,8 +526,6 @@ class CycleGANModule(pl.LightningModule):
             grid = make_grid(rows, nrow=len(cols), padding=2, pad_value=1.0, normalize=False)
             grids[name] = to_uint8(grid).permute(1, 2, 0).numpy()
         if self.output_dir is not None:
-            import cv2
-
             d = self.output_dir / "panels"
             d.mkdir(parents=True, exist_ok=True)
             for name, img in grids.items():
@@ -566,7 +566,6 @@ class CycleGANModule(pl.LightningModule):
         d = Path(out_dir) if out_dir is not None else self.output_dir
         if d is None:
             return None
-        from adaptation.translate import save_generator
 
         return save_generator(self.G_sim2real_ema.state_dict(), to_jsonable(self.generator_metadata()), d)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import secrets
 import sys
 import time
 import zipfile
@@ -24,9 +26,14 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
-from adaptation.data import AdaptDataModule
+from adaptation.data import AdaptDataModule, SimDataError
+from adaptation.images import RealFramesError
 from adaptation.module import CycleGANModule
 from adaptation.progress import trainer_progress
 from perception.core.atomic import atomic_write_text
@@ -43,8 +50,6 @@ REPORT_NAME = "report.json"
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The ``sim2real-adapt`` config (``conf/adapt.yaml``) with Hydra overrides, for in-process use."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="adapt", overrides=list(overrides))
@@ -95,12 +100,8 @@ def build_logger(lcfg: DictConfig | None, output_dir: Path, run_id: str | None) 
     if name == "none":
         return False
     if name == "csv":
-        from pytorch_lightning.loggers import CSVLogger
-
         return CSVLogger(save_dir=str(output_dir), name="csv")
     if name == "wandb":
-        from pytorch_lightning.loggers import WandbLogger
-
         return WandbLogger(
             project=str(lcfg.get("project", "sim2real-grasp")),
             name=lcfg.get("run_name"),
@@ -115,8 +116,6 @@ def build_logger(lcfg: DictConfig | None, output_dir: Path, run_id: str | None) 
 
 def _new_run_id() -> str:
     """A new W&B run id; the one in ``WANDB_RUN_ID`` wins (a W&B sweep agent sets it per run)."""
-    import os
-    import secrets
 
     return os.environ.get("WANDB_RUN_ID") or secrets.token_hex(4)
 
@@ -170,8 +169,6 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
     module.run_id = run_id
     logger = build_logger(cfg.get("logger"), out, run_id)
 
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
     ckpt_cb = ModelCheckpoint(
         dirpath=str(out / "checkpoints"), filename="best", monitor="val/swd_adapted_real", mode="min",
         save_top_k=1, save_last=True, auto_insert_metric_name=False, enable_version_counter=False,
@@ -220,10 +217,9 @@ def train(cfg: DictConfig | dict) -> dict[str, Any]:
 def _finish_logger(logger: Any, keep: Any = None) -> None:
     """Close the W&B run, so that a later run in the same process starts its own; ``keep``, a
     run the caller opened before (the pipeline's, which this one joined), stays open."""
-    from pytorch_lightning.loggers import WandbLogger
 
     if isinstance(logger, WandbLogger):
-        import wandb
+        import wandb  # lazy: wandb (only with the wandb logger)
 
         if wandb.run is not None and wandb.run is not keep:
             wandb.finish()
@@ -302,9 +298,6 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from adaptation.data import SimDataError
-    from adaptation.images import RealFramesError
-
     run_hydra_command("adapt", "sim2real-adapt", __doc__ or "", _run,
                       (CalibrationError, RealFramesError, SimDataError, FileNotFoundError, ValueError, KeyError),
                       writable_dirs=())

@@ -25,8 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from adaptation.images import IMAGE_SUFFIXES, RealFramesError, read_rgb
 from adaptation.networks import build
+from perception.core.calibration import load_calibration
+from perception.core.cli import compose_config, config_number
+from perception.core.geometry import NetworkView, network_view
 from perception.core.jsonio import write_json
+from perception.core.preprocess import preprocess
 
 __all__ = ["GeneratorError", "load_generator", "save_generator", "generator_view", "translate", "Translator", "main"]
 
@@ -134,7 +139,6 @@ def generator_view(meta: dict, calib: Any, size: tuple[int, int]) -> Any:
     A table view is fixed in base coordinates and is taken as it was trained; a camera
     view (and a generator from before views were recorded) is rebuilt on ``calib``.
     """
-    from perception.core.geometry import NetworkView, network_view
 
     v = meta.get("view") if meta else None
     if v and v.get("kind") == "table":
@@ -268,7 +272,6 @@ class Translator:
 
     def from_raw(self, raw_rgb: np.ndarray, calib: Any, view: Any = None) -> np.ndarray:
         """Preprocess a raw frame into the view (default: the generator's) and translate it."""
-        from perception.core.preprocess import preprocess
 
         view = view if view is not None else generator_view(self.meta, calib, self.image_size)
         return self(preprocess(raw_rgb, calib, view))
@@ -280,10 +283,6 @@ def run(args) -> dict[str, Any]:
 
     ``args``: ``conf/translate.yaml``'s keys (a mapping).
     """
-    from adaptation.images import IMAGE_SUFFIXES, read_rgb
-    from perception.core.calibration import load_calibration
-    from perception.core.cli import config_number
-    from perception.core.preprocess import preprocess
 
     for key in ("generator", "input", "output_dir"):
         if not args.get(key):
@@ -303,7 +302,7 @@ def run(args) -> dict[str, Any]:
     calib = load_calibration(args.get("calibration"))
     frames: list[np.ndarray] = []
     if (inp / "manifest.json").is_file():
-        from adaptation.data import open_sim_dataset
+        from adaptation.data import open_sim_dataset  # lazy: lightning via adaptation.data
 
         ds = open_sim_dataset(inp)
         view = generator_view(getattr(gen, "meta", {}), ds.calibration, size)
@@ -336,9 +335,6 @@ def run(args) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from adaptation.images import RealFramesError
-    from perception.core.cli import compose_config
-
     prog = "sim2real-translate"
     cfg = compose_config("translate", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")
     try:

@@ -39,10 +39,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adaptation.networks import build  # noqa: E402
+
 
 def render_data(out: Path, sim_scenes: int, real_scenes: int, seed: int) -> tuple[Path, Path]:
     """Render (or reuse) the sim dataset and the target stand-in frames."""
-    from sim_render.api import export_real_frames, render_dataset
+    from sim_render.api import export_real_frames, render_dataset  # lazy: hydra via sim_render.api
 
     sim, target, real = out / "data" / "sim", out / "data" / "target", out / "data" / "real"
     t0 = time.perf_counter()
@@ -58,7 +60,7 @@ EXTRA: list[str] = []  # overrides added to every run (--quick shrinks the probe
 
 
 def run_train(sim: Path, real: Path, out: Path, overrides: list[str]) -> dict[str, Any]:
-    from adaptation.train import compose_config, train
+    from adaptation.train import compose_config, train  # lazy: lightning via adaptation.train
 
     cfg = compose_config(
         [f"sim_dir={sim}", f"real_dir={real}", f"output_dir={out}", "logger=csv", "trainer=cpu",
@@ -73,10 +75,9 @@ def speed(sim: Path, real: Path, out: Path, name: str, extra: list[str], steps: 
         *extra, f"max_steps={steps}", "val_every_n_steps=1000000", "final_validation=false",
         "log_images_every_n_steps=0", "metrics.probe.steps=1",
     ])
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: omegaconf (only this step needs it)
 
-    from adaptation.networks import build
-    from adaptation.train import compose_config
+    from adaptation.train import compose_config  # lazy: lightning via adaptation.train
 
     cfg = compose_config([*extra, "sim_dir=x", "real_dir=y"])
     spec = OmegaConf.to_container(cfg.adaptation.generator, resolve=True)
@@ -200,7 +201,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sim, real = render_data(out, args.sim_scenes, args.real_scenes, args.seed)
-    from sim_render.reader import SimFrameDataset
+    from sim_render.reader import SimFrameDataset  # lazy: cv2 via sim_render.reader
 
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",

@@ -60,11 +60,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perception.core.artifact import ArtifactError, PolicyRunner, load_metadata  # noqa: E402
 from perception.core.calibration import Calibration, CalibrationError, default_calibration_path  # noqa: E402
 from perception.core.geometry import NetworkView, SurfaceRebuild, make_view  # noqa: E402
-from perception.core.imageio import read_image  # noqa: E402
+from perception.core.imageio import ImageDecodeError, read_image  # noqa: E402
 from perception.core.preprocess import preprocess, preprocess_labels, to_network_input  # noqa: E402
+from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT  # noqa: E402
 from policies.networks import HEIGHT_MAX  # noqa: E402
+from policies.weights import BaseError  # noqa: E402
+from sim_render.reader import SimFrameDataset  # noqa: E402
 
 HELD_OUT_SEED = 3_000_000
 #: ``label`` values of a cell's geometry files.
@@ -170,11 +174,9 @@ class TorchGeometry:
     export's decode numbers (``policies/export.py``)."""
 
     def __init__(self, name: str | Path) -> None:
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # lazy: omegaconf (only this step needs it)
 
-        from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
-        from policies.geometry import load_geometry_net
-        from policies.weights import BaseError
+        from policies.geometry import load_geometry_net  # lazy: lightning via policies.geometry
 
         try:
             self.net, self.data = load_geometry_net(name)
@@ -191,7 +193,7 @@ class TorchGeometry:
         self._rebuilds: dict[str, SurfaceRebuild] = {}
 
     def view(self, calib: Calibration) -> NetworkView:
-        from policies.geometry import geometry_view
+        from policies.geometry import geometry_view  # lazy: lightning via policies.geometry
 
         return geometry_view(calib, self.data)
 
@@ -214,8 +216,6 @@ class ArtifactGeometry:
     precision: int8 on a CPU when the artifact has it) on the frame's calibration."""
 
     def __init__(self, path: str | Path, precision: str = "auto") -> None:
-        from perception.core.artifact import ArtifactError, load_metadata
-
         try:
             self.meta = load_metadata(path)
         except ArtifactError as exc:
@@ -230,8 +230,6 @@ class ArtifactGeometry:
         self.name = f"artifact {path}"
 
     def _runner(self, calib: Calibration):
-        from perception.core.artifact import ArtifactError, PolicyRunner
-
         key = calib.digest()
         if key not in self._runners:
             try:
@@ -318,7 +316,6 @@ def cell_truth(height: np.ndarray, label: np.ndarray, calib: Calibration, view: 
 
 def measure_cell(geom, cell: Cell, panel_rows: list | None = None) -> list[FrameMeasure]:
     """Every frame of ``cell`` measured with ``geom``; the first :data:`PANEL_FRAMES` drawn into ``panel_rows``."""
-    from perception.core.imageio import ImageDecodeError
 
     out = []
     view, rebuild = geom.view(cell.calib), geom.rebuild(cell.calib)
@@ -338,9 +335,8 @@ def measure_cell(geom, cell: Cell, panel_rows: list | None = None) -> list[Frame
 
 def held_out_sim(geom, scenes: int) -> dict:
     """:func:`scores` on ``scenes`` freshly rendered scenes (targets: :func:`policies.geometry.geometry_record`)."""
-    from policies.geometry import geometry_record
-    from sim_render.api import compose_config, render_dataset
-    from sim_render.reader import SimFrameDataset
+    from policies.geometry import geometry_record  # lazy: lightning via policies.geometry
+    from sim_render.api import compose_config, render_dataset  # lazy: hydra via sim_render.api
 
     overrides = list(compose_config("base", []).randomization.overrides or [])
     with tempfile.TemporaryDirectory() as tmp:

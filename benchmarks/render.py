@@ -38,12 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import packaging.version
+import pybullet_data
 
 # The repository's packages before this folder's scripts (benchmarks/adaptation.py is not the package).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from conf import to_plain  # noqa: E402
 from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
-from sim_render.api import render_config, render_dataset  # noqa: E402
+from policies.base import camera_mounts  # noqa: E402
+from sim_render.api import compose_config, render_config, render_dataset  # noqa: E402
 from sim_render.camera import raw_getcamera_fps  # noqa: E402
 from sim_render.labels import label_grasps  # noqa: E402
 from sim_render.randomization import render_randomized  # noqa: E402
@@ -151,8 +155,6 @@ def kuka_episodes_per_s(seconds: float) -> float | None:
     """PyBullet's own grasping env loop (random actions), episodes per second."""
     if importlib.util.find_spec("gym") is None:
         return None
-    import packaging.version
-    import pybullet_data
 
     # pybullet_envs registers old gym ids and imports pkg_resources in its __init__:
     # load its modules without running that __init__.
@@ -161,7 +163,7 @@ def kuka_episodes_per_s(seconds: float) -> float | None:
     pkg = types.ModuleType("pybullet_envs")
     pkg.__path__ = list(spec.submodule_search_locations)
     sys.modules["pybullet_envs"] = pkg
-    from pybullet_envs.bullet.kuka_diverse_object_gym_env import KukaDiverseObjectEnv
+    from pybullet_envs.bullet.kuka_diverse_object_gym_env import KukaDiverseObjectEnv  # lazy: optional (gym)
 
     env = KukaDiverseObjectEnv(renders=False, isDiscrete=False, maxSteps=8, urdfRoot=pybullet_data.getDataPath())
     env.reset()
@@ -233,10 +235,7 @@ def bench_agreement(n_scenes: int) -> dict:
 
 
 def bench_geometry_frames(n_scenes: int, frames_per_mount: int) -> dict:
-    from conf import to_plain
-    from policies.base import camera_mounts
-    from policies.geometry_data import GeometrySceneMaker
-    from sim_render.api import compose_config
+    from policies.geometry_data import GeometrySceneMaker  # lazy: torch via geometry_data
 
     base = compose_config("base")
     calib = Calibration.load(default_calibration_path())

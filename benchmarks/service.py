@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import cv2
@@ -59,6 +60,7 @@ from perception.core.repeats import DEFAULT_REPEATS, RepeatGuard  # noqa: E402
 from perception.core.rule import CHECK_OPTIONS  # noqa: E402
 from perception.core.testing import (  # noqa: E402
     free_port,
+    make_test_artifact,
     resident_memory_bytes,
     scan_bomb_jpeg,
     wait_until_healthy,
@@ -176,8 +178,6 @@ def run(args: argparse.Namespace) -> dict:
     tmp = None
     artifact = args.artifact
     if artifact is None:
-        from perception.core.testing import make_test_artifact
-
         tmp = tempfile.TemporaryDirectory()
         artifact = make_test_artifact(Path(tmp.name) / "artifact", calibration=calib, view_size=(160, 120),
                                       angle_bins=12, conv_channels=16)
@@ -423,7 +423,6 @@ def write_section(md: str, path: Path) -> None:
 def _padded_png(png: bytes, size: int) -> bytes:
     """``png`` grown to ``size`` bytes by a private ancillary chunk before IEND: a valid frame
     at the body limit, which decoders skip, so every admitted upload is decoded and answered."""
-    import zlib
 
     pad = size - len(png) - 12  # a chunk is length, type, data, CRC
     chunk = pad.to_bytes(4, "big") + b"prVt" + bytes(pad)
@@ -446,7 +445,6 @@ def _upload(port: int, body: bytes, statuses: list) -> None:
 
 def measure_uploads(args: argparse.Namespace, counts: list[int]) -> list[dict]:
     """Peak memory of a service under ``count`` concurrent near-limit uploads (see the module doc)."""
-    from perception.core.testing import make_test_artifact
 
     calib = Calibration.load(args.calibration or default_calibration_path())
     serve = OmegaConf.load(ROOT / "conf" / "serve.yaml")

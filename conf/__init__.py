@@ -12,6 +12,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from conf.schema import register as register_schemas
 
 __all__ = ["REMOVED_KEYS", "as_dict", "config_default", "policy_default", "removed_key", "to_plain", "with_policy_defaults"]
@@ -32,8 +34,6 @@ REMOVED_KEYS: dict[str, str] = {
 
 @lru_cache(maxsize=8)
 def _config_file(path: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
     text = resources.files(__name__).joinpath(path).read_text()
     return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
 
@@ -58,7 +58,6 @@ def policy_default(key: str) -> Any:
 
 def to_plain(node: Any) -> Any:
     """A config node (mapping or list) as plain, resolved Python containers; anything else as is."""
-    from omegaconf import OmegaConf
 
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 __all__ = ["SCHEMA", "PolicyConfig", "RenderProfile", "register", "section_problems"]
 
@@ -333,8 +335,6 @@ def section_problems(schema: type, value: Any, where: str, partial: bool = False
     ``[]``, or one message naming ``where`` and the key that is unknown or of the wrong type,
     or the keys it lacks (``partial``: a section whose reader fills the rest from conf/ may
     lack keys). Ranges are the caller's to check."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         typed = OmegaConf.merge(OmegaConf.structured(schema), value)
@@ -348,7 +348,6 @@ def section_problems(schema: type, value: Any, where: str, partial: bool = False
 
 def register() -> None:
     """Store the schemas in Hydra's ``ConfigStore`` (groups ``render`` and ``policy``); idempotent."""
-    from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     store.store(group="render", name=SCHEMA, node=RenderProfile)

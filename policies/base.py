@@ -31,6 +31,8 @@ from perception.core.calibration import Calibration, CalibrationError, load_cali
 from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
 from policies.weights import BASE_FORMAT, BaseError
+from sim_render.api import render_config
+from sim_render.cli import render
 
 __all__ = ["camera_mount", "camera_mounts", "train_base", "render_geometry_base_data", "main"]
 
@@ -77,8 +79,6 @@ def camera_mounts(calib: Calibration, cameras: Any) -> list[Calibration]:
 def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
     """Render ``scenes_per_camera`` randomized scenes per camera mount into ``out/data/cam<i>``
     (resumable: ``sim2real-render`` skips finished shards)."""
-    from sim_render.api import render_config
-    from sim_render.cli import render
 
     calib = load_calibration()
     overrides = [f"scenes_per_shard={int(cfg.scenes_per_shard)}", f"render.frames_per_scene={int(cfg.frames_per_scene)}",
@@ -139,8 +139,7 @@ def render_geometry_base_data(cfg: DictConfig, out: Path) -> tuple[list[Path], l
     """Render ``geometry_data.scenes`` scenes for the geometry alone (and ``val_scenes`` held-out
     ones from their own seed block) from every camera mount; resumable. Returns the training
     and validation folders."""
-    from policies.geometry_data import render_geometry_data
-    from sim_render.api import render_config
+    from policies.geometry_data import render_geometry_data  # lazy: torch (checks answer first)
 
     gd = cfg.geometry_data
     calib = load_calibration()
@@ -163,10 +162,10 @@ def render_geometry_base_data(cfg: DictConfig, out: Path) -> tuple[list[Path], l
 
 def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: float,
                          val_dirs: list[Path] | None = None) -> dict:
-    import torch
+    import torch  # lazy: torch (checks answer first)
 
-    from policies.geometry import train_geometry
-    from policies.geometry_data import geometry_data_datasets
+    from policies.geometry import train_geometry  # lazy: torch (checks answer first)
+    from policies.geometry_data import geometry_data_datasets  # lazy: torch (checks answer first)
 
     gcfg = to_plain(cfg.geometry)
     datasets = None if val_dirs is None else geometry_data_datasets(dirs, val_dirs, gcfg, int(cfg.seed))
@@ -190,9 +189,9 @@ def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s:
 
 
 def _train_policy_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: float) -> dict:
-    import torch
+    import torch  # lazy: torch (checks answer first)
 
-    from policies.train import train_policy
+    from policies.train import train_policy  # lazy: torch (checks answer first)
 
     pcfg = OmegaConf.to_container(cfg.policy, resolve=True)
     pcfg["base"] = None  # the base itself starts from scratch

@@ -51,11 +51,28 @@ from torch.utils.data import ConcatDataset, Dataset
 from conf import policy_default, with_policy_defaults
 from perception.core.calibration import Calibration
 from perception.core.frames import MIN_TIP_CLEARANCE, transform_points
-from perception.core.geometry import NetworkView, make_view, raw_pixels_to_rays, raw_to_view_pixels
+from perception.core.geometry import (
+    NetworkView,
+    base_to_view_pixels,
+    make_view,
+    raw_pixels_to_rays,
+    raw_to_view_pixels,
+    top_down_max,
+)
 from perception.core.grasp import angle_to_bin, base_grasp_to_view, normalize_angle
 from perception.core.preprocess import preprocess, to_network_input, view_maps
 from perception.core.rule import GRASP_DEPTH
+from policies.geometric import (
+    depth_points,
+    geometric_grasps,
+    geometric_view_labels,
+    height_grid,
+    ray_grasp_heights,
+    splat_view_labels,
+)
 from sim_render.format import SEG_FIRST_OBJECT
+from sim_render.reader import SimFrameDataset
+from sim_render.shard_io import read_shard_meta
 
 __all__ = [
     "sample_nearest",
@@ -142,8 +159,6 @@ def table_view_surface(
         ``surface_z`` ``(H, W)`` float32 height in ``B`` (NaN unknown), ``top_label``
         ``(H, W)`` uint8 segmentation label of that highest point, ``known`` ``(H, W)`` bool.
     """
-    from perception.core.geometry import base_to_view_pixels, top_down_max
-    from policies.geometric import depth_points
 
     W, H = view.size
     pts, lab = depth_points(np.asarray(depth), seg, camera)
@@ -458,8 +473,6 @@ class PolicyFrames(Dataset):
         seed: int = 0,
         translate_fraction: float = 1.0,
     ) -> None:
-        from sim_render.reader import SimFrameDataset
-
         if not 0.0 <= float(translate_fraction) <= 1.0:
             raise ValueError(f"translate_fraction must be in [0, 1], got {translate_fraction}")
         self.translate_fraction = float(translate_fraction)
@@ -526,14 +539,6 @@ class PolicyFrames(Dataset):
         geometric, grasp_height, grid = None, None, None
         use_geo = float(self.targets["geometric_weight"]) > 0
         if use_geo or self.targets["height_target"] == "ray":
-            from policies.geometric import (
-                geometric_grasps,
-                geometric_view_labels,
-                height_grid,
-                ray_grasp_heights,
-                splat_view_labels,
-            )
-
             grid = height_grid(np.asarray(item["depth"]), np.asarray(item["seg"]), item["camera"])
         if self.targets["height_target"] == "ray":
             grasp_height = ray_grasp_heights(grid, item["camera"], raw_calib, self.view, self.calibration.table_z)
@@ -628,7 +633,6 @@ def split_by_scene(frames: Any, val_fraction: float, seed: int = 0) -> tuple[np.
 
 def _frame_scenes(frames: Any) -> list[int]:
     """Scene index of every frame, from the shard metadata (no image decoding)."""
-    from sim_render.shard_io import read_shard_meta
 
     out: list[int] = []
     for entry in frames.manifest["shards"]:
@@ -678,7 +682,6 @@ def make_policy_datasets(
         ``train``, ``val`` (``None`` when empty), the view, the nominal calibration (with
         ``mixed_calibrations``: the first folder's).
     """
-    from sim_render.reader import SimFrameDataset
 
     if not dataset_dirs:
         raise ValueError("no dataset folders given: render one with sim2real-render first")

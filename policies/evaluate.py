@@ -44,9 +44,11 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from perception.core.calibration import Calibration
-from perception.core.cli import run_hydra_command
+from perception.core.artifact import ArtifactError
+from perception.core.calibration import Calibration, CalibrationError, load_calibration
+from perception.core.cli import config_number, run_hydra_command
 from perception.core.decode import DecodedGrasp
+from perception.core.geometry import table_view
 from perception.core.jsonio import write_json
 from perception.core.progress import progress
 from policies.eval_adapters import EvalPolicy, OnnxPolicy
@@ -105,7 +107,7 @@ def newcombe_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float,
 # ----------------------------------------------------------------------------- profiles
 def load_profile(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The render profile ``conf/render/<name>.yaml``, composed (``render.<key>=...`` overrides)."""
-    from sim_render.api import compose_config
+    from sim_render.api import compose_config  # lazy: hydra (checks answer first)
 
     try:
         return compose_config("render", [f"render={name}", *overrides]).render
@@ -244,7 +246,7 @@ def evaluate(
         ``given_up``, ``strays`` (objects that left the workspace), ``seed``, ``render_size``,
         ``time_s``, ``truncated``, ``reasons`` (counts of "no grasp" reasons), ``episodes_detail``.
     """
-    from sim_render.scene import SceneRenderer, render_size
+    from sim_render.scene import SceneRenderer, render_size  # lazy: pybullet (checks answer first)
 
     if camera_calibration not in ("actual", "nominal"):
         raise ValueError(f"camera_calibration must be 'actual' or 'nominal', got {camera_calibration!r}")
@@ -325,7 +327,7 @@ def evaluate_empty_bin(
         ``domain``, ``frames``, ``null``, ``rate`` (null answers / frames), ``rate_ci95``,
         ``qualities`` (of the grasps answered), ``time_s``.
     """
-    from sim_render.scene import SceneRenderer
+    from sim_render.scene import SceneRenderer  # lazy: pybullet (checks answer first)
 
     if isinstance(domain_profile_cfg, str):
         domain_profile_cfg = load_profile(domain_profile_cfg)
@@ -392,7 +394,6 @@ def evaluate_domains(
         if empty_bin_frames > 0:
             out.setdefault("empty_bin", {})[d] = evaluate_empty_bin(policy, d, calib, empty_bin_frames, seed,
                                                                     render_scale)
-    from perception.core.geometry import table_view
 
     pview = getattr(policy, "view", None)
     rule_view = pview if pview is not None and pview.is_table else table_view(calib, (96, 96))
@@ -421,8 +422,6 @@ def _summary_line(name: str, r: dict) -> str:
 
 def run_eval(cfg: DictConfig) -> dict:
     """What ``sim2real-eval`` does; returns the JSON it writes."""
-    from perception.core.calibration import load_calibration
-    from perception.core.cli import config_number
 
     # Ranges before any work (ValueError names the key; the command exits 2).
     config_number(cfg, "n_episodes", int, lo=1)
@@ -466,7 +465,7 @@ def run_eval(cfg: DictConfig) -> dict:
 
 
 def _run(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig  # lazy: hydra (checks answer first)
 
     # Hydra has configured the root logger already (basicConfig would do nothing): set its level.
     logging.getLogger().setLevel(logging.INFO if cfg.verbose else logging.WARNING)
@@ -483,8 +482,5 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.core.artifact import ArtifactError
-    from perception.core.calibration import CalibrationError
-
     run_hydra_command("eval", "sim2real-eval", __doc__ or "", _run, (ArtifactError, CalibrationError, ValueError, OSError),
                       writable_dirs=())

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ from perception.core.atomic import default_dir_mode, default_file_mode
 from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD
+from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
 from policies.geometry import geometry_net, geometry_view
-from policies.networks import ExportWrapper, GraspNet
+from policies.networks import ExportWrapper, GeometryExport, GraspNet
 
 __all__ = ["export_artifact", "export_onnx", "export_graph", "graph_max_diff", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
 
@@ -56,8 +58,6 @@ class ExportError(RuntimeError):
 def code_version() -> str:
     """``sim2real-grasp <version>`` plus the git commit when the source is a checkout."""
     try:
-        from importlib.metadata import version
-
         ver = version("sim2real-grasp")
     except Exception:  # not installed
         ver = "unknown"
@@ -140,7 +140,7 @@ def onnx_torch_max_diff(net: GraspNet, onnx_path: Path, x: np.ndarray, flip_aver
 
 def graph_max_diff(wrapper: nn.Module, onnx_path: Path, x: np.ndarray, output_names: tuple[str, ...]) -> float:
     """:func:`onnx_torch_max_diff` for any exported wrapper."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime (only the export's check runs it)
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -158,7 +158,6 @@ GEOMETRY_OUTPUT_NAMES = ("height", "part")
 
 def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify_atol: float) -> dict:
     """Write the geometry graph into the artifact folder ``tmp``; its ``metadata.json`` entry."""
-    from policies.networks import GeometryExport
 
     base = geometry["base"]
     net = geometry_net(base)
@@ -170,7 +169,6 @@ def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify
     diff = graph_max_diff(wrapper, tmp / GEOMETRY_ONNX_FILE, x, GEOMETRY_OUTPUT_NAMES)
     if not diff <= verify_atol:
         raise ExportError(f"geometry graph: onnxruntime and torch outputs differ by {diff:.2e} (> {verify_atol:.0e})")
-    from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
 
     # Parts are looked for clear of the walls (the rule's region); a floor cell stays just below a part's height.
     opts = {"part_threshold": 0.5, "interior_margin": DEFAULT_RULE["region_margin"], "floor_height": 0.9 * OBJECT_HEIGHT,

@@ -248,7 +248,6 @@ def ray_grasp_heights(
     Returns:
         ``(H, W)`` fingertip heights above ``table_z`` (NaN outside the raw frame).
     """
-    from perception.core.geometry import raw_pixels_to_rays
 
     xs, ys, height, known, _ = grid
     res = float(xs[1] - xs[0])

@@ -22,6 +22,7 @@ export puts it into the artifact as ``geometry.onnx`` (``policy.geometry``).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import time
@@ -34,6 +35,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
+from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from adaptation.progress import trainer_progress
@@ -43,11 +45,13 @@ from perception.core.geometry import NetworkView, make_view
 from perception.core.jsonio import write_json
 from perception.core.preprocess import preprocess, to_network_input
 from perception.core.progress import progress
-from policies.data import sample_nearest, surface_height_view, view_grids
+from policies.data import sample_nearest, split_by_scene, surface_height_view, view_grids
+from policies.loggers import policy_logger
 from policies.module import TimedCosineModule
 from policies.networks import GeometryNet, build_network
 from policies.weights import load_base
 from sim_render.format import SEG_FIRST_OBJECT
+from sim_render.reader import SimFrameDataset
 
 __all__ = ["GeometryFrames", "geometry_item", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
            "make_geometry_datasets", "train_geometry", "GEOMETRY_FORMAT"]
@@ -164,9 +168,6 @@ def make_geometry_datasets(
     Returns:
         ``train``, ``val`` (``None`` when empty), the first folder's view and calibration.
     """
-
-    from policies.data import split_by_scene
-    from sim_render.reader import SimFrameDataset
 
     train, val = [], []
     first: tuple[NetworkView, Calibration] | None = None
@@ -301,7 +302,6 @@ def train_geometry(
         (:func:`geometry_errors` on the validation frames), ``global_step``, ``train_time_s``,
         ``n_train_frames``, ``n_val_frames``, ``device``.
     """
-    from policies.loggers import policy_logger
 
     g = to_plain(gcfg)
     out = Path(output_dir)
@@ -327,14 +327,11 @@ def train_geometry(
         module.net.load_state_dict(load_base(g["init_from"], GEOMETRY_FORMAT)["state_dict"])
         log.info("geometry: continuing from %s", g["init_from"])
     tlog = policy_logger(logger_cfg, out, {"geometry": g, "seed": int(seed)})
-    import datetime
 
     bar, progress_cbs = trainer_progress("geometry")
     every = g.get("checkpoint_every_n_steps")
     resume = None
     if every:
-        from pytorch_lightning.callbacks import ModelCheckpoint
-
         ckpt_dir = out / "checkpoints"
         progress_cbs = [*progress_cbs, ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=0,
                                                        every_n_train_steps=int(every))]

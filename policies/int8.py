@@ -43,9 +43,14 @@ class Int8Error(RuntimeError):
 
 
 def _quantize(src: Path, dst: Path, inputs: list[np.ndarray], input_name: str) -> None:
-    import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    import onnxruntime as ort  # lazy: onnxruntime (only to quantize)
+    from onnxruntime.quantization import (  # lazy: onnxruntime (only to quantize)
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process  # lazy: onnxruntime (quantizing)
 
     class Frames(CalibrationDataReader):
         def __init__(self) -> None:
@@ -72,7 +77,7 @@ def _quantize(src: Path, dst: Path, inputs: list[np.ndarray], input_name: str) -
 
 def _difference(float_path: Path, int8_path: Path, inputs: list[np.ndarray], input_name: str) -> tuple[dict, dict]:
     """Largest and mean absolute difference of each output, int8 against float, over ``inputs``."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime (only to quantize)
 
     a = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
     b = ort.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])

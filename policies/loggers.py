@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from conf import to_plain
+from perception.core.atomic import atomic_write_text
 
 __all__ = ["LOGGERS", "logger_name", "TrainLogger", "policy_logger", "wandb_run_id", "active_wandb_run", "rank_zero"]
 
@@ -58,7 +59,7 @@ def active_wandb_run() -> Any:
 
 def rank_zero() -> bool:
     """Whether this process is DDP's rank 0 (the one that writes)."""
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only  # lazy: lightning (pipeline fast path)
 
     return getattr(rank_zero_only, "rank", 0) == 0
 
@@ -74,7 +75,7 @@ class TrainLogger:
     def finish(self, failed: bool = False) -> None:
         """Finish the W&B run this trainer started (not a pipeline's it joined), after noting
         its id in ``output_dir`` for a resume. Call it on every rank (only rank 0 acts)."""
-        from pytorch_lightning.loggers import WandbLogger
+        from pytorch_lightning.loggers import WandbLogger  # lazy: lightning (pipeline fast path)
 
         if not isinstance(self.logger, WandbLogger) or not rank_zero():
             return
@@ -82,8 +83,6 @@ class TrainLogger:
         if run is None or run is self.outer_run:
             return
         if self.id_file is not None:
-            from perception.core.atomic import atomic_write_text
-
             atomic_write_text(self.id_file, f"{run.id}\n")
         run.finish(exit_code=1 if failed else 0)
 
@@ -113,10 +112,10 @@ def policy_logger(
     if name == "none":
         return TrainLogger(False)
     if name == "csv":
-        from pytorch_lightning.loggers import CSVLogger
+        from pytorch_lightning.loggers import CSVLogger  # lazy: lightning (pipeline fast path)
 
         return TrainLogger(CSVLogger(str(out), name="logs", version=""))
-    from pytorch_lightning.loggers import WandbLogger
+    from pytorch_lightning.loggers import WandbLogger  # lazy: lightning (pipeline fast path)
 
     lcfg = to_plain(lcfg) if not isinstance(lcfg, str) else {"name": "wandb"}
     id_file = out / RUN_ID_FILE

@@ -54,7 +54,7 @@ def load_base(name: str | Path, fmt: int | str = BASE_FORMAT) -> dict:
         fmt: the format the file must carry: :data:`BASE_FORMAT` (a policy base) or
             :data:`policies.geometry.GEOMETRY_FORMAT` (a geometry network).
     """
-    import torch  # local: commands check a base's name (base_path, base_digest) before paying for torch
+    import torch  # lazy: torch (commands check a base's name before paying for torch)
 
     path = base_path(name, "policy base" if fmt == BASE_FORMAT else "geometry network")
     try:

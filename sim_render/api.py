@@ -9,16 +9,19 @@ from typing import Any
 import cv2
 import numpy as np
 from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from conf import to_plain
+from perception.core.atomic import atomic_write_bytes
+from perception.core.imageio import write_image
+from sim_render.cli import render
 
 __all__ = ["compose_config", "render_config", "render_dataset", "export_real_frames", "render_cell_frames"]
 
 
 def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose one of the packaged configs (``conf/*.yaml``) with Hydra overrides."""
-    from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
         return compose(config_name=config_name, overrides=list(overrides))
@@ -58,7 +61,6 @@ def render_dataset(
     workers: int = 1,
 ) -> dict:
     """Render (or resume) a dataset; returns its manifest."""
-    from sim_render.cli import render
 
     cfg = render_config(output_dir, n_scenes, profile, seed, calibration, overrides, workers)
     return render(cfg)
@@ -70,7 +72,7 @@ def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple
     The project's stand-in for real frames (contract section 4) is the ``target``
     profile rendered this way: unlabeled images at the calibration's ``image_size``.
     """
-    from sim_render.reader import SimFrameDataset
+    from sim_render.reader import SimFrameDataset  # lazy: torch via reader (export only)
 
     ds = SimFrameDataset(dataset_dir, fields=("rgb",))
     out = Path(out_dir)
@@ -85,7 +87,6 @@ def export_real_frames(dataset_dir: str | Path, out_dir: str | Path, size: tuple
         ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
         if not ok:
             raise OSError(f"could not encode {path}")
-        from perception.core.atomic import atomic_write_bytes
 
         atomic_write_bytes(path, buf.tobytes())
         paths.append(path)
@@ -109,8 +110,7 @@ def render_cell_frames(
     frame (the lamp, the textures, the sensor's draw), as a real cell keeps them; only
     the objects, and so their shadows, change between frames.
     """
-    from perception.core.imageio import write_image
-    from sim_render.scene import SceneRenderer
+    from sim_render.scene import SceneRenderer  # lazy: pybullet via scene (render only)
 
     cfg = to_plain(compose_config("render", [f"render={profile}"]).render)
     cfg.update(resolution_scale=1.0, frames_per_scene=1, empty_scene_prob=0.0,

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration, CalibrationError, load_calibration
 from perception.core.cli import run_hydra_command
+from sim_render.panel import dataset_panel, save_png
 
 __all__ = ["main", "render", "config_hash", "parse_shard_range"]
 
@@ -68,8 +69,8 @@ def parse_shard_range(text: str | None, n_shards: int | None = None) -> tuple[in
 
 def render(cfg: DictConfig) -> dict:
     """Render the dataset ``cfg`` describes; returns the manifest (or the shard summary)."""
-    from sim_render.render_job import render_shards
-    from sim_render.scene import SceneRenderer, render_size
+    from sim_render.render_job import render_shards  # lazy: multiprocessing (checks answer first)
+    from sim_render.scene import SceneRenderer, render_size  # lazy: pybullet (checks answer first)
 
     calib = load_calibration(cfg.calibration)
     out = Path(cfg.output_dir)
@@ -98,8 +99,6 @@ def render(cfg: DictConfig) -> dict:
         on_checked=lambda: atomic_write_text(out / "config.yaml", resolved),
     )
     if manifest.get("complete") is not False and cfg.get("panel", True):
-        from sim_render.panel import dataset_panel, save_png
-
         # A look at the data: the first frames with their executed grasps drawn.
         save_png(out / "panel.png", dataset_panel([out]))
     return manifest

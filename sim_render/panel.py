@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def labelled_frame(item: dict, caption: str = "") -> np.ndarray:
 
 def dataset_panel(dataset_dirs: Sequence[str | Path], per_row: int = 4) -> np.ndarray:
     """One row per dataset (e.g. randomized, canonical, target) of labelled frames."""
-    from sim_render.reader import SimFrameDataset
+    from sim_render.reader import SimFrameDataset  # lazy: torch via reader (panel only)
 
     rows = []
     for d in dataset_dirs:
@@ -47,7 +48,6 @@ def dataset_panel(dataset_dirs: Sequence[str | Path], per_row: int = 4) -> np.nd
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m sim_render.panel OUT.png DATASET_DIR [DATASET_DIR ...]``: one row per dataset."""
-    import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:

@@ -34,7 +34,7 @@ from sim_render.labels import (
     random_candidates,
 )
 from sim_render.objects import object_urdfs
-from sim_render.sensor import draw_range
+from sim_render.sensor import as_plain, draw_range
 
 if TYPE_CHECKING:
     from sim_render.randomization import RenderedFrame
@@ -116,9 +116,8 @@ class SceneRenderer:
         if self._state is None:
             calib = Calibration.from_dict(self.calib_dict)
             cfg = self.cfg
-            from sim_render.camera import setup_renderer
-            from sim_render.randomization import validate_profile
-            from sim_render.sensor import as_plain
+            from sim_render.camera import setup_renderer  # lazy: ~10 ms on the render check path
+            from sim_render.randomization import validate_profile  # lazy: hydra via randomization
 
             validate_profile(cfg)
             cell = Cell(calib, cfg.physics.timestep, cfg.physics.solver_iterations)
@@ -139,7 +138,7 @@ class SceneRenderer:
     def render_frame(self, rng: np.random.Generator) -> RenderedFrame:
         """One randomized frame of the scene as it stands now (the profile's looks, camera and
         sensor drawn from ``rng``): what an evaluation shows its policy before each attempt."""
-        from sim_render.randomization import render_randomized
+        from sim_render.randomization import render_randomized  # lazy: hydra via randomization
 
         w = self.world()
         return render_randomized(w.cell.client, w.cell.bodies, w.calib, rng, w.cfg_plain)
@@ -156,7 +155,7 @@ class SceneRenderer:
             The bin's walls drawn for ``scene`` (``bin_walls`` of the profile; the cell's
             defaults without it): ``{"height": m, "thickness": m}``.
         """
-        from sim_render.textures import texture_pool
+        from sim_render.textures import texture_pool  # lazy: ~15 ms on the render check path
 
         st = self.world()
         walls = self.bin_walls(scene)
@@ -180,7 +179,7 @@ class SceneRenderer:
     # ---------------------------------------------------------------- physics
     def build_scene(self, scene: int) -> tuple[dict[str, np.random.Generator], dict]:
         """Drop the scene's objects and apply its physics; returns streams and params."""
-        from sim_render.randomization import sample_physics
+        from sim_render.randomization import sample_physics  # lazy: hydra via randomization
 
         st = self.world()
         cfg, cell = st.cfg, st.cell

@@ -8,6 +8,7 @@ file gets the mode a plain ``open`` would give it (0666 less the umask): ``mkste
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,6 @@ def replace_tree(src: str | Path, dst: str | Path) -> Path:
     off midway never stands at ``dst`` (an artifact is either the old one or the new one,
     whole; between the two renames there is briefly none).
     """
-    import shutil
 
     dst = Path(dst)
     tmp = dst.with_name(f".{dst.name}.tmp")

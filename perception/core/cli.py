@@ -9,10 +9,13 @@ write no ``outputs/`` folder and leave logging and signal handling to the comman
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
+
+from perception.core.cliutil import check_writable_dir_args, fail
 
 __all__ = ["CliError", "check_override_types", "check_removed_keys", "compose_config", "config_groups", "config_number", "exit_on_help", "help_text", "hydra_command_checks", "run_hydra_command", "setup_logging"]
 
@@ -30,7 +33,7 @@ def _config_text(name: str) -> str:
 
 
 def _defaults(path) -> list:
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: omegaconf (help and the checks answer without it)
 
     node = OmegaConf.create(path.read_text())
     return list(OmegaConf.to_container(node).get("defaults", []) or [])
@@ -104,10 +107,10 @@ def check_override_types(name: str, argv: list[str], prog: str) -> None:
     Raises:
         CliError: exit 2, the message naming the key, the value and the type it needs.
     """
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
+    from hydra import compose, initialize_config_module  # lazy: hydra (after --help)
+    from hydra.core.global_hydra import GlobalHydra  # lazy: hydra (after --help)
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: hydra (after --help)
+    from omegaconf import OmegaConf  # lazy: omegaconf (after --help)
 
     args = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
@@ -164,7 +167,7 @@ def check_removed_keys(argv: list[str], prog: str) -> None:
     Raises:
         CliError: exit 2.
     """
-    from conf import removed_key
+    from conf import removed_key  # lazy: conf loads hydra (robot floor imports this)
 
     for arg in argv:
         why = removed_key(arg) if "=" in arg and not arg.startswith("-") else None
@@ -198,9 +201,7 @@ def run_hydra_command(
     folder inside them (``()``: none). Hydra reads its overrides from ``sys.argv``; ``argv``
     (default ``sys.argv[1:]``) is what the checks see.
     """
-    import hydra  # here, not above: the robot's compose-only commands never load Hydra's app machinery
-
-    from perception.core.cliutil import check_writable_dir_args, fail
+    import hydra  # lazy: hydra's app machinery (the robot's compose-only commands never load it)
 
     argv = sys.argv[1:] if argv is None else argv
     hydra_command_checks(name, prog, doc, argv)
@@ -226,9 +227,9 @@ def compose_config(name: str, argv: list[str], prog: str, doc: str = ""):
     Raises:
         SystemExit: 0 after ``--help`` / ``--cfg``, 2 on a bad override (message on stderr).
     """
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+    from hydra import compose, initialize_config_module  # lazy: hydra (only to compose)
+    from hydra.core.global_hydra import GlobalHydra  # lazy: hydra (only to compose)
+    from omegaconf import OmegaConf  # lazy: omegaconf (only to compose)
 
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(name, prog, doc))
@@ -262,12 +263,12 @@ class _open_struct:
         self.cfg = cfg
 
     def __enter__(self):
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # lazy: omegaconf (only with a composed config in hand)
 
         OmegaConf.set_struct(self.cfg, False)
 
     def __exit__(self, *exc):
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # lazy: omegaconf (only with a composed config in hand)
 
         OmegaConf.set_struct(self.cfg, True)
 
@@ -279,7 +280,6 @@ def config_number(cfg, key: str, kind: type = float, lo: float | None = None, hi
     Raises:
         ValueError: the message names the key, the value and the range.
     """
-    import math
 
     value = cfg[key] if key in cfg else None
     what = "a whole number" if kind is int else "a number"

@@ -51,7 +51,7 @@ def to_jsonable(value: Any, strict: bool = False) -> Any:
     if isinstance(value, Path):
         return str(value)
     try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
+        from omegaconf import DictConfig, ListConfig, OmegaConf  # lazy: omegaconf (optional dependency)
 
         if isinstance(value, DictConfig | ListConfig):
             return to_jsonable(OmegaConf.to_container(value, resolve=True), strict)

@@ -24,7 +24,7 @@ log = logging.getLogger("sim2real.progress")
 def line_every_percent() -> float:
     """``conf/progress.yaml``'s ``line_every_percent``: without a terminal, a progress line
     every this many percent of the work (its one source; a value outside (0, 100] raises)."""
-    from conf import config_default  # here, not at the top: the robot floor imports this module too
+    from conf import config_default  # lazy: conf loads hydra (robot floor imports this)
 
     every = float(config_default("progress.yaml", "line_every_percent"))
     if not 0 < every <= 100:
@@ -126,7 +126,7 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     if disable:
         return iterable if iterable is not None else PercentLog(total=0, stream=_Nowhere())
     if interactive(stream):
-        from tqdm import tqdm
+        from tqdm import tqdm  # lazy: tqdm (only for an interactive terminal)
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, leave=leave,
                     file=stream if stream is not None else sys.stderr)

@@ -34,7 +34,9 @@ from typing import IO, Any
 
 from perception.core.atomic import atomic_write_bytes
 from perception.core.calibration import Calibration
+from perception.core.imageio import write_image
 from perception.core.jsonio import dumps_json, write_json
+from perception.core.overlay import draw_decoded
 
 __all__ = ["ATTEMPTS_FILE", "OUTCOMES_FILE", "FRAMES_DIR", "HEADER_FILE", "Recording", "RecordingError",
            "attempt_key", "load_attempts", "load_header"]
@@ -207,13 +209,10 @@ class Recording:
 
     def record(self, attempt_id: int, frame, entry: dict, decoded=None, calib=None) -> dict:
         """The loop's attempt: ``frame.image`` (RGB) as PNG, then its line."""
-        from perception.core.imageio import write_image
 
         name = f"{FRAMES_DIR}/attempt_{int(attempt_id):06d}.png"
         write_image(self.dir / name, frame.image)
         if self.debug_images and decoded is not None and calib is not None:
-            from perception.core.overlay import draw_decoded
-
             write_image(self.dir / "debug" / f"attempt_{int(attempt_id):06d}.jpg",
                         draw_decoded(frame.image, decoded, calib))
         return self._line(attempt_id, name, entry)

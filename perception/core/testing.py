@@ -8,15 +8,21 @@ graph's quality map is a fixed prior that peaks at a chosen point of the table, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from perception.core.artifact import policy_metadata, write_metadata
-from perception.core.calibration import Calibration, load_calibration
+from perception.core.calibration import Calibration, load_calibration, project_points
 from perception.core.geometry import make_view
 from perception.core.grasp import angle_to_bin, base_grasp_to_view
 
@@ -57,8 +63,8 @@ def make_test_artifact(
             more realistic forward pass for benchmarks; it does not change the outputs).
         view_kind: the network view's kind (``"table"``, the policy's default, or ``"camera"``).
     """
-    import onnx
-    from onnx import helper
+    import onnx  # lazy: onnx (only the test-artifact builders need it)
+    from onnx import helper  # lazy: onnx (only the test-artifact builders need it)
 
     calib = calibration or load_calibration()
     view = make_view(calib, view_size, view_kind)
@@ -112,7 +118,7 @@ def _test_graph(prior: np.ndarray, A: int, W: int, H: int, gain: float, width: f
                 conv_channels: int) -> Any:
     """The ONNX graph: ``quality = sigmoid(prior + gain * mean(image))``, constant width and
     height, and with ``conv_channels`` a convolution stack whose output is multiplied by 0."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # lazy: onnx (only the test-artifact builders need it)
 
     nodes = []
     inits = [
@@ -173,9 +179,6 @@ def make_test_frame(
 ) -> np.ndarray:
     """A raw RGB frame at ``calib.image_size``: textured grey, optionally with a bright
     spot drawn where the base-frame point ``spot_xy`` (on the table) projects."""
-    import cv2
-
-    from perception.core.calibration import project_points
 
     calib = calib or load_calibration()
     W, H = calib.image_size
@@ -191,7 +194,6 @@ def make_test_frame(
 def scan_bomb_jpeg(rgb: np.ndarray, scans: int | None = None, max_bytes: int | None = None) -> bytes:
     """A progressive JPEG of ``rgb`` whose last scan is repeated: ``scans`` scans in all, or
     as many as fit in ``max_bytes`` (a legal file that costs a pass over the image per scan)."""
-    import cv2
 
     prog = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR),
                         [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
@@ -213,8 +215,6 @@ def send_json(handler, obj) -> None:
 
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (for test servers)."""
-    import contextlib
-    import socket
 
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
@@ -232,9 +232,6 @@ def wait_until_healthy(url: str, proc, timeout: float = 60.0) -> None:
     Raises:
         RuntimeError: the process exited, or the service was not ready in time.
     """
-    import time
-    import urllib.error
-    import urllib.request
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

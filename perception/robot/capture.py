@@ -22,6 +22,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from perception.core.calibration import Calibration, CalibrationError
+from perception.core.cli import CliError, compose_config, setup_logging
 from perception.core.imageio import write_image
 from perception.core.jsonio import write_json
 from perception.core.overlay import contact_sheet
@@ -136,8 +138,6 @@ def _key_trigger() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``sim2real-capture camera=SPEC out_dir=DIR n=N``."""
-    from perception.core.calibration import Calibration, CalibrationError
-    from perception.core.cli import CliError, compose_config, setup_logging
 
     prog = "sim2real-capture"
     cfg = compose_config("capture", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")

@@ -245,7 +245,7 @@ def _raw_response(status: int, reason: str, detail: str, retry_after: bool = Fal
 
 def _guarded_protocol(limits: ServerLimits, stats: ServerStats):
     """uvicorn's h11 protocol with the header timeout and the connection limit."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.h11_impl import H11Protocol  # lazy: uvicorn (only when serving)
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -338,7 +338,7 @@ def make_server(app, host: str, port: int, limits: ServerLimits, log_level: str 
     server with status 0 within ``limits.shutdown_timeout_s`` (plus the model's last
     inferences, which are bounded).
     """
-    import uvicorn
+    import uvicorn  # lazy: uvicorn (only when serving)
 
     stats = stats or getattr(app.state, "server_stats", None) or ServerStats()
     stopper = stopper or getattr(app.state, "stopper", None) or Stopper()

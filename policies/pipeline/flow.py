@@ -149,7 +149,7 @@ class _Run:
 def _run_pipeline(cfg: DictConfig) -> dict:
     """The flow: real frames -> sim data -> adaptation -> policy -> (task consistency) ->
     int8 -> the served artifact -> evaluation in the twin -> report."""
-    from policies.train import check_policy_config
+    from policies.train import check_policy_config  # lazy: torch (not at import of the pipeline)
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
     if cfg.get("int8") is not None:
@@ -207,7 +207,7 @@ def _translator(path: str | None) -> Any:
     """The sim -> adapted translator saved at ``path`` (``None``: none)."""
     if path is None:
         return None
-    from adaptation.translate import Translator
+    from adaptation.translate import Translator  # lazy: torch (only this stage)
 
     return Translator(path)
 
@@ -264,8 +264,8 @@ def _adapt_stage(run: _Run, sim_path: Path, sim_hash: str, real_dir: Path,
     cfg = run.cfg
     if str(cfg.adaptation.name) == "none":
         return None, {"adaptation": "none"}, "none"
-    from adaptation.train import compose_config as adapt_compose
-    from adaptation.train import train as adapt_train
+    from adaptation.train import compose_config as adapt_compose  # lazy: torch (only this stage)
+    from adaptation.train import train as adapt_train  # lazy: torch (only this stage)
 
     adaptation = to_plain(cfg.adaptation)
     adaptation["image_size"] = list(cfg.policy.view_size)
@@ -293,7 +293,7 @@ def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator: Any,
                   adapt_hash: str) -> tuple[dict, dict, str]:
     """The policy, trained (from the base) on the sim frames seen through the translator;
     training exports the artifact into the stage. Returns its resolved config too."""
-    from policies.train import train_policy
+    from policies.train import train_policy  # lazy: torch (only this stage)
 
     cfg, seed = run.cfg, run.seed
     p_cfg = to_plain(cfg.policy)
@@ -403,11 +403,15 @@ def task_consistency_stage(
         ``generator`` (folder), ``finetune`` (the fine-tuning's numbers) and ``policy``
         (``artifact``, ``checkpoint``, ``metrics``, ``global_step``, ``train_time_s``).
     """
-    from adaptation.translate import Translator, load_generator, save_generator
-    from policies.consistency import consistency_finetune
-    from policies.data import PolicyFrames
-    from policies.module import GraspPolicyModule
-    from policies.train import train_policy
+    from adaptation.translate import (  # lazy: torch (only this stage)
+        Translator,
+        load_generator,
+        save_generator,
+    )
+    from policies.consistency import consistency_finetune  # lazy: torch (only this stage)
+    from policies.data import PolicyFrames  # lazy: torch (only this stage)
+    from policies.module import GraspPolicyModule  # lazy: torch (only this stage)
+    from policies.train import train_policy  # lazy: torch (only this stage)
 
     generator = load_generator(adapt_path).requires_grad_(True)
     policy = GraspPolicyModule.load_from_checkpoint(policy_res["checkpoint"], map_location="cpu")

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from conf import to_plain
 from policies.loggers import logger_name, rank_zero, wandb_run_id
+from policies.pipeline.report import eval_rows
 
 __all__ = ["PipelineRun", "pipeline_run", "eval_summary"]
 
@@ -62,9 +63,7 @@ class PipelineRun:
         """
         if self.run is None:
             return {}
-        import wandb
-
-        from policies.pipeline.report import eval_rows
+        import wandb  # lazy: wandb (only with the wandb logger)
 
         out = Path(output_dir)
         evaluation = report.get("evaluation") or {}
@@ -103,7 +102,7 @@ def pipeline_run(cfg: DictConfig) -> Iterator[PipelineRun]:
     if logger_name(lcfg, "csv") != "wandb" or not rank_zero():
         yield PipelineRun(None)
         return
-    import wandb
+    import wandb  # lazy: wandb (only with the wandb logger)
 
     lcfg = to_plain(lcfg) if not isinstance(lcfg, str) else {"name": "wandb"}
     out = Path(str(cfg.output_dir))

@@ -9,6 +9,7 @@ background thread that keeps the newest frame, refuses stale ones and reconnects
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +46,6 @@ class Frame:
     source: str = ""
 
     def age(self, now: float | None = None) -> float:
-        import time
-
         return (time.monotonic() if now is None else now) - self.timestamp
 
 

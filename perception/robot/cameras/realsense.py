@@ -38,7 +38,7 @@ class RealSenseCamera(Camera):
     @staticmethod
     def _rs():
         try:
-            import pyrealsense2 as rs
+            import pyrealsense2 as rs  # lazy: pyrealsense2 (optional dependency: only this camera needs it)
         except ImportError as exc:
             raise CameraError(
                 "the RealSense driver needs pyrealsense2: pip install pyrealsense2"
