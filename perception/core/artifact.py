@@ -64,6 +64,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -587,7 +588,7 @@ class PolicyMaps:
 
 def default_providers() -> list[str]:
     """CUDA when onnxruntime has it, else CPU."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime (only to run a graph, not to read the metadata)
 
     avail = ort.get_available_providers()
     if "CUDAExecutionProvider" in avail:
@@ -625,7 +626,7 @@ class PolicyRunner:
         meta: ArtifactMetadata | None = None,
         precision: str = "auto",
     ) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # lazy: onnxruntime (only to run a graph, not to read the metadata)
 
         self.meta = meta if meta is not None else load_metadata(artifact_dir)
         if precision not in PRECISIONS:
@@ -686,8 +687,6 @@ class PolicyRunner:
         self._rebuilds: dict[str, SurfaceRebuild] = {}
         self._pool = None
         if g is not None:
-            from concurrent.futures import ThreadPoolExecutor
-
             # The geometry graph runs beside the policy's (onnxruntime releases the GIL).
             self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="geometry")
             names = {o.name for o in self.geometry_session.get_outputs()}

@@ -133,7 +133,7 @@ def _exact_keys(cls: type, block: Any, name: str) -> dict:
 
 def _packaged(block: str) -> dict:
     """One block of the packaged ``conf/calibrate_refine.yaml`` (the one source of the defaults)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: omegaconf (robot floor: sim2real-calibrate imports this module)
 
     path = Path(str(resources.files("conf") / "calibrate_refine.yaml"))
     return OmegaConf.to_container(OmegaConf.load(path)[block], resolve=True)

@@ -36,8 +36,17 @@ import numpy as np
 
 from perception.core.atomic import atomic_write_bytes
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
+from perception.core.cli import CliError, compose_config, setup_logging
 from perception.core.frames import invert_transform, rotation_angle
 from perception.core.imageio import ImageDecodeError, read_image
+from perception.core.refine import (
+    AcceptSettings,
+    RefineError,
+    RefineSettings,
+    draw_fit,
+    refine_pose,
+    undistorted_median,
+)
 from perception.robot.cameras.replay import list_frames
 
 __all__ = [
@@ -555,15 +564,6 @@ def _run_refine(cfg) -> dict:
     output and in ``calibration_report.refine``), so that the next command always has a
     file to read. Bad input (no frames, frames of another size) is exit 2, nothing written.
     """
-    from perception.core.refine import (
-        AcceptSettings,
-        RefineError,
-        RefineSettings,
-        draw_fit,
-        refine_pose,
-        undistorted_median,
-    )
-
     cal_path, out = Path(cfg.calibration), Path(cfg.out)
     if out.resolve() == cal_path.resolve():
         raise CalibrationFitError(f"out={out} would overwrite the calibration it refines: write a new file")
@@ -625,7 +625,7 @@ def _run_refine(cfg) -> dict:
 
 
 def _is_missing(cfg, key: str) -> bool:
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: omegaconf (robot floor's --help path)
 
     return OmegaConf.is_missing(cfg, key)
 
@@ -639,8 +639,6 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """``sim2real-calibrate intrinsics|handeye|refine key=value ...``."""
-    from perception.core.cli import CliError, compose_config, setup_logging
-
     prog = "sim2real-calibrate"
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SUBCOMMANDS:
@@ -650,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(prog, f"first argument must be one of {sorted(SUBCOMMANDS)}; see {prog} --help")
     name, run = SUBCOMMANDS[argv[0]]
     cfg = compose_config(name, argv[1:], f"{prog} {argv[0]}", __doc__ or "")
-    from omegaconf.errors import MissingMandatoryValue
+    from omegaconf.errors import MissingMandatoryValue  # lazy: omegaconf (robot floor's --help path)
 
     setup_logging("info")
     missing = [k for k in cfg if k not in ("board", "fit", "accept") and _is_missing(cfg, k)]

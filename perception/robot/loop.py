@@ -38,15 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from perception.core.artifact import PolicyRunner
+from perception.core.artifact import ArtifactError, PolicyRunner
+from perception.core.calibration import CalibrationError
+from perception.core.cli import CliError, compose_config, config_number, setup_logging
 from perception.core.decode import grasp_in_workspace
 from perception.core.jsonio import write_json
 from perception.core.outcomes import MEASURED_FIELDS, OutcomeError, check_measured
 from perception.core.recording import Recording, RecordingError, load_attempts
 from perception.core.repeats import RepeatGuard, repeat_options
-from perception.robot.cameras import StaleFrameError, ThreadedCamera
+from perception.robot.cameras import CameraError, StaleFrameError, ThreadedCamera, open_camera
 from perception.robot.cameras.base import Frame
-from perception.robot.robots import GraspRequest, Outcome, RobotAdapter, RobotError
+from perception.robot.plugins import load_registered
+from perception.robot.robots import GraspRequest, Outcome, RobotAdapter, RobotError, make_robot
 
 #: Exit code of a loop that stopped itself for safety (unconfirmed motion, failing steps).
 EXIT_STOPPED_FOR_SAFETY = 3
@@ -341,14 +344,9 @@ class GraspLoop:
 def _build_camera_and_robot(cfg, calib):
     """Camera and robot from the config; ``sim`` for both shares one simulated cell (the one
     sim_render registers, :mod:`perception.robot.plugins`)."""
-    from perception.robot.cameras import open_camera
-    from perception.robot.robots import make_robot
-
     cam_spec, robot_spec = cfg.camera, str(cfg.robot)
     shared = None
     if str(cam_spec) == "sim" or robot_spec == "sim":
-        from perception.robot.plugins import load_registered
-
         shared = load_registered("cells", "sim")(calib, seed=int(cfg.seed))
     if cam_spec is None:
         raise ValueError("camera=SPEC is required (a device index, a video file, a folder of frames, sim, ...)")
@@ -371,8 +369,6 @@ def _build_camera_and_robot(cfg, calib):
 
 def loop_config(cfg, repeats: dict | None) -> LoopConfig:
     """:class:`LoopConfig` from ``conf/grasp_loop.yaml``; a bad value raises ValueError naming its key."""
-    from perception.core.cli import config_number
-
     def opt_int(key: str) -> int | None:
         return None if cfg[key] is None else config_number(cfg, key, int, lo=1)
 
@@ -398,11 +394,6 @@ def loop_config(cfg, repeats: dict | None) -> LoopConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """``sim2real-grasp-loop artifact=DIR calibration=FILE camera=SPEC robot=... out_dir=DIR``."""
-    from perception.core.artifact import ArtifactError
-    from perception.core.calibration import CalibrationError
-    from perception.core.cli import CliError, compose_config, config_number, setup_logging
-    from perception.robot.cameras import CameraError
-
     prog = "sim2real-grasp-loop"
     cfg = compose_config("grasp_loop", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")
     setup_logging(cfg.log_level)  # logs go to stderr: stdout may carry the jsonl protocol

@@ -53,6 +53,7 @@ from starlette.requests import ClientDisconnect
 
 from perception.core.artifact import PRECISIONS, ArtifactError, PolicyRunner, check_calibration, load_metadata
 from perception.core.calibration import Calibration, CalibrationError
+from perception.core.cli import CliError, compose_config, config_number, setup_logging
 from perception.core.decode import DecodedGrasp, grasp_in_workspace
 from perception.core.imageio import ImageDecodeError, decode_image, encode_image
 from perception.core.outcomes import FINGERTIP_Z_RANGE_M, JAW_WIDTH_RANGE_M, OutcomeError, parse_outcome
@@ -62,7 +63,7 @@ from perception.core.recording import Recording, attempt_key, load_attempts
 from perception.core.repeats import RepeatGuard
 from perception.robot.apidocs import api_docs_html
 from perception.robot.online import OnlineResidual
-from perception.robot.server import ServerLimits, ServerStats, Stopper
+from perception.robot.server import ServerLimits, ServerStats, Stopper, check_open_files, make_server
 
 __all__ = ["create_app", "GraspService", "main", "DEFAULT_MAX_BODY_BYTES"]
 
@@ -831,9 +832,6 @@ def _is_loopback(host: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``sim2real-serve artifact=DIR calibration=FILE host=127.0.0.1 port=8000 token=null``."""
-    from perception.core.cli import CliError, compose_config, config_number, setup_logging
-    from perception.robot.server import check_open_files, make_server
-
     prog = "sim2real-serve"
     cfg = compose_config("serve", list(sys.argv[1:] if argv is None else argv), prog, __doc__ or "")
     setup_logging(cfg.log_level)
