@@ -11,10 +11,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from perception.core.artifact import PolicyRunner
 from perception.core.calibration import Calibration, project_points
 from perception.core.decode import DecodedGrasp, DecodeOptions, decode_grasp
 from perception.core.geometry import NetworkView
 from perception.core.grasp import Grasp
+from perception.core.preprocess import preprocess, to_network_input
 
 __all__ = ["EvalPolicy", "OnnxPolicy", "TorchPolicy", "decoded_at"]
 
@@ -63,8 +65,6 @@ class OnnxPolicy:
         intra_op_num_threads: int | None = None,
         precision: str = "auto",
     ) -> None:
-        from perception.core.artifact import PolicyRunner
-
         self.runner = PolicyRunner(artifact_dir, calibration, intra_op_num_threads=intra_op_num_threads,
                                    precision=precision)
         self.threshold = float(self.runner.meta.quality_threshold if threshold is None else threshold)
@@ -114,9 +114,9 @@ class TorchPolicy:
         workspace_margin: float = 0.0,
         device: str = "cpu",
     ) -> None:
-        import torch
+        import torch  # lazy: torch (only for a network in memory)
 
-        from policies.networks import ExportWrapper
+        from policies.networks import ExportWrapper  # lazy: torch (only for a network in memory)
 
         hp = getattr(module, "hparams", {}) or {}
         if view is None:
@@ -147,8 +147,6 @@ class TorchPolicy:
         self, raw_rgb: np.ndarray, calibration: Calibration | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``quality (A, H, W)``, ``width (H, W)``, ``height (H, W)``, ``surface (H, W)`` of one raw frame."""
-        from perception.core.preprocess import preprocess, to_network_input
-
         torch = self._torch
         calib = self.calibration if calibration is None else calibration
         x = torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, self.view))).to(self.device)

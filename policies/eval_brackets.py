@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 
 from perception.core.calibration import Calibration, project_points
 from perception.core.decode import DecodedGrasp, DecodeOptions, decode_grasp
-from perception.core.geometry import NetworkView
-from perception.core.grasp import Grasp
+from perception.core.geometry import NetworkView, raw_to_view_pixels
+from perception.core.grasp import Grasp, angle_bin_centers, angle_to_bin, view_grasp_to_base
 from policies.eval_adapters import decoded_at
 
 __all__ = ["Bracket", "EvalContext", "ObservedRulePolicy", "OraclePixelPolicy", "OraclePolicy", "RandomPolicy"]
@@ -80,7 +80,11 @@ class OraclePolicy(Bracket):
         self.n_heuristic, self.n_random = n_heuristic, n_random
 
     def __call__(self, raw_rgb: np.ndarray | None = None) -> DecodedGrasp:
-        from sim_render.labels import heuristic_candidates, label_grasps, random_candidates
+        from sim_render.labels import (  # lazy: pybullet via sim_render.labels
+            heuristic_candidates,
+            label_grasps,
+            random_candidates,
+        )
 
         ctx = self.context()
         g = ctx.cfg.grasps
@@ -120,9 +124,6 @@ class OraclePixelPolicy(OraclePolicy):
         self.view, self.angle_bins = view, int(angle_bins)
 
     def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
-        from perception.core.geometry import raw_to_view_pixels
-        from perception.core.grasp import angle_bin_centers, angle_to_bin, view_grasp_to_base
-
         dec = super().__call__(raw_rgb)
         ctx = self.ctx
         if dec.grasp is None or ctx is None or ctx.camera is None or raw_rgb is None:
@@ -152,7 +153,7 @@ class RandomPolicy(Bracket):
     name = "random"
 
     def __call__(self, raw_rgb: np.ndarray | None = None) -> DecodedGrasp:
-        from sim_render.labels import random_candidates
+        from sim_render.labels import random_candidates  # lazy: pybullet via sim_render.labels
 
         ctx = self.context()
         cand = random_candidates(ctx.cell, ctx.cell.height_map(), 1, ctx.rng)[0]
@@ -188,7 +189,7 @@ class ObservedRulePolicy(Bracket):
         self.options = DecodeOptions(threshold=1e-6, rule=self.rule)
 
     def __call__(self, raw_rgb: np.ndarray | None = None, calibration: Calibration | None = None) -> DecodedGrasp:
-        from policies.data import table_view_surface
+        from policies.data import table_view_surface  # lazy: torch via policies.data (only this bracket)
 
         ctx = self.context()
         if ctx.frame is None:

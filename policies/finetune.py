@@ -44,14 +44,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
+from adaptation.images import RealFrames, RealFramesError
+from adaptation.translate import Translator
+from perception.core.artifact import ArtifactError, PolicyRunner
 from perception.core.atomic import replace_tree
-from perception.core.calibration import Calibration
-from perception.core.cli import run_hydra_command
+from perception.core.calibration import Calibration, CalibrationError
+from perception.core.cli import config_number, run_hydra_command
 from perception.core.cliutil import format_number
 from perception.core.geometry import NetworkView
+from perception.core.grasp import angle_to_bin, base_grasp_to_view
+from perception.core.imageio import read_image
 from perception.core.jsonio import write_json
 from perception.core.outcomes import measured
+from perception.core.preprocess import preprocess, to_network_input
 from perception.core.recording import load_attempts, load_header
+from policies.int8 import Int8Error, add_int8_graphs
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
            "auc_difference", "Promotion", "promotion_decision", "finetune", "main"]
@@ -111,8 +118,6 @@ def split_blocks(n: int, check_fraction: float, guard: int) -> tuple[np.ndarray,
 
 def _label_bin(attempt: dict, calib: Calibration, view: NetworkView, angle_bins: int) -> tuple[int, int, int]:
     """``(angle_bin, v, u)`` of an attempt's grasp in the view."""
-    from perception.core.grasp import angle_to_bin, base_grasp_to_view
-
     g = attempt["grasp"]
     uv, angle, _ = base_grasp_to_view(np.asarray(g["position"]), float(g["yaw"]), float(g["width"]), calib, view)
     W, H = view.size
@@ -121,8 +126,6 @@ def _label_bin(attempt: dict, calib: Calibration, view: NetworkView, angle_bins:
 
 
 def _read_frame(attempt: dict) -> np.ndarray:
-    from perception.core.imageio import read_image
-
     return read_image(Path(attempt["_dir"]) / attempt["frame"])
 
 
@@ -137,8 +140,6 @@ class RealAttempts(Dataset):
 
     def __init__(self, attempts: Sequence[dict], calib: Calibration, view: NetworkView, angle_bins: int,
                  label_weight: float = 1.0) -> None:
-        from perception.core.preprocess import preprocess
-
         self.calib, self.view, self.angle_bins = calib, view, int(angle_bins)
         self.label_weight = float(label_weight)
         self.items = []
@@ -150,8 +151,6 @@ class RealAttempts(Dataset):
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        from perception.core.preprocess import to_network_input
-
         view_rgb, (a, v, u), success = self.items[i]
         W, H = self.view.size
         A = self.angle_bins
@@ -279,8 +278,6 @@ def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence
     """An artifact on the held-out attempts (``frames``: their raw frames): quality at each
     recorded grasp against its outcome, and its own answers on those frames (null rate).
     Returns the summary and the quality at each attempt (for :func:`auc_difference`)."""
-    from perception.core.artifact import PolicyRunner
-
     runner = PolicyRunner(artifact, calib)
     scores, labels, nulls = [], [], 0
     for a, raw in zip(attempts, frames):
@@ -297,8 +294,7 @@ def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence
 
 def finetune(cfg: DictConfig) -> dict:
     """What ``sim2real-finetune`` does; returns ``report.json``'s content."""
-    from perception.core.cli import config_number
-    from policies.train import train_policy
+    from policies.train import train_policy  # lazy: lightning via policies.train (only to train)
 
     t0 = time.perf_counter()
     run_dir = Path(str(cfg.run_dir or ""))
@@ -354,8 +350,6 @@ def finetune(cfg: DictConfig) -> dict:
     real = RealAttempts(train_att, calib, view, int(p_cfg["angle_bins"]), float(f.label_weight))
     translator = None
     if run.get("translator"):
-        from adaptation.translate import Translator
-
         translator = Translator(run["translator"])
     out = Path(str(cfg.output_dir))
     summary = train_policy(
@@ -402,9 +396,6 @@ def _int8_like_the_run(run: dict, artifact: Path, calib: Calibration) -> dict | 
     were (its real frames, its ``int8.max_frames``); without those frames it stays float (logged)."""
     if json.loads((Path(run["artifact"]) / "metadata.json").read_text()).get("int8") is None:
         return None
-    from adaptation.images import RealFrames, RealFramesError
-    from policies.int8 import Int8Error, add_int8_graphs
-
     max_frames = int(((run.get("config") or {}).get("int8") or {}).get("max_frames", 64))
     try:
         if not run.get("real_dir"):
@@ -458,9 +449,6 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.core.artifact import ArtifactError
-    from perception.core.calibration import CalibrationError
-
     run_hydra_command("finetune", "sim2real-finetune", __doc__ or "", _run,
                       (FinetuneError, ArtifactError, CalibrationError, ValueError, OSError))
 

@@ -22,16 +22,24 @@ from typing import TYPE_CHECKING, Any
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader, Dataset
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, WeightedRandomSampler
 
 from adaptation.progress import trainer_progress
+from adaptation.translate import Translator
 from conf import policy_default
 from conf.schema import Augment, section_problems
 from perception.core.atomic import atomic_write_text
+from perception.core.calibration import CalibrationError
 from perception.core.cli import run_hydra_command
+from perception.core.cliutil import arg_value, fail
+from perception.core.decode import DecodeOptions, DecodeOptionsError
 from perception.core.jsonio import write_json
+from perception.core.rule import CHECK_OPTIONS
 from policies.data import TranslateFn, make_policy_datasets
+from policies.export import export_artifact
 from policies.geometry import GEOMETRY_FORMAT
+from policies.loggers import policy_logger
 from policies.module import GraspPolicyModule
 from policies.weights import base_digest, check_base_fits, load_base
 
@@ -75,9 +83,6 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
         load_base(pcfg.geometry, GEOMETRY_FORMAT)  # present and readable, before any stage runs
         if kind != "table":
             raise ValueError("policy.geometry needs the top-down view (policy.view.kind=table): its surface is rebuilt onto it")
-    from perception.core.decode import DecodeOptions, DecodeOptionsError
-    from perception.core.rule import CHECK_OPTIONS
-
     decode = pcfg.get("decode") or {}
     if isinstance(decode, DictConfig):
         decode = OmegaConf.to_container(decode, resolve=True)
@@ -180,7 +185,7 @@ def train_policy(
     pcfg_dict = OmegaConf.to_container(pcfg, resolve=True)
     module = _module(pcfg, view, calib, {"policy": pcfg_dict, "seed": int(seed), "dataset_dirs": [str(d) for d in dataset_dirs],
                                          "translator": None if translator is None else repr(translator)})
-    from adaptation.train import resolve_ckpt_path
+    from adaptation.train import resolve_ckpt_path  # lazy: kornia via adaptation.train
 
     resume = resolve_ckpt_path(None if ckpt_path is None else str(ckpt_path), out)
     base_info = _start_weights(module, pcfg, init_from, resume)
@@ -229,8 +234,6 @@ def _export(module: GraspPolicyModule, view: NetworkView, calib: Calibration, pc
             sample: np.ndarray, summary: dict, dataset_dirs: Sequence[str | Path]) -> Path:
     """``out/artifact``: the trained network (and the config's geometry network) as ONNX, with
     the training's facts in its metadata."""
-    from policies.export import export_artifact
-
     return export_artifact(
         module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample,
         geometry=geometry_export(pcfg_dict),
@@ -258,8 +261,6 @@ def _loaders(pcfg: DictConfig, train_ds: Dataset, val_ds: Dataset | None, extra_
     nw = int(pcfg.get("num_workers", 0))
     loader_kw = {"num_workers": nw, "persistent_workers": nw > 0}
     if extra_train is not None and len(extra_train) and extra_fraction > 0:
-        from torch.utils.data import ConcatDataset, WeightedRandomSampler
-
         n_sim, n_extra = len(train_ds), len(extra_train)
         f = min(max(float(extra_fraction), 0.0), 1.0)
         weights = torch.cat([torch.full((n_sim,), (1.0 - f) / n_sim), torch.full((n_extra,), f / n_extra)])
@@ -293,10 +294,6 @@ def _start_weights(module: GraspPolicyModule, pcfg: DictConfig, init_from: str |
 def _trainer(full: DictConfig, pcfg: DictConfig, out: Path, resume: Path | None, validates: bool,
              callbacks: Sequence[pl.Callback], fast_dev_run: bool | int) -> tuple[pl.Trainer, Any]:
     """The Lightning trainer (checkpoints every validation, the time cap, the run's logger)."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    from policies.loggers import policy_logger
-
     val_every = int(pcfg.val_every_n_steps)
     ckpt_cb = ModelCheckpoint(
         dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
@@ -345,8 +342,6 @@ def geometry_export(pcfg: DictConfig | dict) -> dict | None:
 
 def load_translator(path: str | Path) -> TranslateFn:
     """The sim->real generator at ``path`` as a data-loader translator."""
-    from adaptation.translate import Translator
-
     return Translator(str(path))
 
 
@@ -369,13 +364,9 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from perception.core.cliutil import arg_value, fail
-
     if arg_value(sys.argv[1:], "resume") is not None or arg_value(sys.argv[1:], "+resume") is not None:
         fail("sim2real-train-policy", "resume= is now ckpt_path=, as in sim2real-adapt: ckpt_path=last (this "
              "output_dir's checkpoints/last.ckpt) or ckpt_path=FILE.ckpt")
-    from perception.core.calibration import CalibrationError
-
     # FileNotFoundError (an OSError) for a missing ckpt_path too
     run_hydra_command("train_policy", "sim2real-train-policy", __doc__ or "", _run,
                       (CalibrationError, ValueError, OSError), writable_dirs=())

@@ -109,11 +109,6 @@ def test_no_package_imports_one_after_it_in_the_data_flow():
 PENDING = {
     "benchmarks/policy.py",
     "benchmarks/refine.py",
-    "policies/eval_adapters.py",
-    "policies/eval_brackets.py",
-    "policies/finetune.py",
-    "policies/pipeline/report.py",
-    "policies/train.py",
 }
 
 

@@ -7,12 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from adaptation.images import list_real_frames, read_rgb
+from perception.core.artifact import PolicyRunner
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration
 from perception.core.cliutil import format_number
+from perception.core.decode import decode_grasp
 from perception.core.draw import SUCCESS_COLOR, caption_image, draw_grasp, panel
 from perception.core.jsonio import write_json
 from perception.core.overlay import draw_decoded
+from policies.eval_adapters import OnnxPolicy
+from sim_render.panel import save_png
 
 __all__ = ["write_report", "eval_rows"]
 
@@ -38,11 +43,11 @@ def eval_rows(evaluation: dict) -> list[dict]:
 
 
 def _bar_plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (only to draw; sim2real-pipeline's checks answer first)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    import matplotlib.pyplot as plt  # lazy: matplotlib (after its Agg backend is chosen)
+    from matplotlib.patches import Patch  # lazy: matplotlib (only to draw)
 
     labels = [f"{r['name']}\n{r['domain']}\n{r['successes']}/{r['attempts']}" for r in rows]
     rates = np.array([100 * r["rate"] for r in rows])
@@ -72,12 +77,7 @@ def _bar_plot(rows: list[dict], path: Path, title: str) -> None:
 
 def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib: Calibration,
             artifact: Path) -> Path | None:
-    from adaptation.images import list_real_frames, read_rgb
-    from perception.core.artifact import PolicyRunner
-    from perception.core.decode import decode_grasp
-    from policies.eval_adapters import OnnxPolicy
-    from sim_render.panel import save_png
-    from sim_render.reader import SimFrameDataset
+    from sim_render.reader import SimFrameDataset  # lazy: torch via sim_render.reader (only the panels)
 
     policy = OnnxPolicy(artifact, calib)
     runner = PolicyRunner(artifact, calib)
