@@ -28,6 +28,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perception.core.artifact import PolicyRunner  # noqa: E402
+from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
+from perception.core.decode import decode_grasp  # noqa: E402
+from perception.core.geometry import NetworkView, network_view  # noqa: E402
+
 
 def _time(fn, n: int, warmup: int = 5) -> list[float]:
     for _ in range(warmup):
@@ -49,11 +54,9 @@ def _network_and_artifact(args: argparse.Namespace) -> tuple:
     """The torch network and its artifact: from ``--checkpoint`` (exported to a temporary
     folder), ``--artifact`` (its ``policy.ckpt`` beside it) or a fresh network; and the
     temporary folder to clean up (``None`` when there is none)."""
-    from perception.core.calibration import Calibration, default_calibration_path
-    from perception.core.geometry import NetworkView, network_view
-    from policies.export import export_artifact
-    from policies.module import GraspPolicyModule
-    from policies.networks import GraspNet
+    from policies.export import export_artifact  # lazy: torch (after --help)
+    from policies.module import GraspPolicyModule  # lazy: lightning via policies.module (after --help)
+    from policies.networks import GraspNet  # lazy: torch (after --help)
 
     tmp = None
     if args.checkpoint is not None:
@@ -79,18 +82,16 @@ def _network_and_artifact(args: argparse.Namespace) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import torch
-
-    from perception.core.artifact import PolicyRunner
-    from perception.core.decode import decode_grasp
-    from policies.networks import ExportWrapper, count_parameters
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifact", type=Path, default=None)
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    import torch  # lazy: torch (after --help)
+
+    from policies.networks import ExportWrapper, count_parameters  # lazy: torch (after --help)
+
     torch.set_num_threads(args.threads)
 
     net, artifact, tmp = _network_and_artifact(args)

@@ -58,11 +58,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
+from perception.core.geometry import raw_pixel_to_base  # noqa: E402
+from perception.core.imageio import read_image  # noqa: E402
 from perception.core.refine import (  # noqa: E402
     AcceptSettings,
     RefineError,
@@ -70,7 +73,9 @@ from perception.core.refine import (  # noqa: E402
     decide,
     perturb,
     pose_change,
+    refine_pose,
 )
+from perception.robot.calibrate import main as calibrate  # noqa: E402
 
 #: Every RIGHT_EVERY-th cell's calibration is right: at most these errors.
 RIGHT_EVERY, RIGHT_MM, RIGHT_DEG = 8, 2.0, 0.1
@@ -114,11 +119,7 @@ def settings(seed: int, draw: dict, measured: bool) -> RefineSettings:
 
 def fit_cell(args: tuple[dict, int, int, str, bool]) -> dict:
     """Render one cell, fit it, return everything the table and a replay need."""
-    import cv2
-
-    from perception.core.imageio import read_image
-    from perception.core.refine import refine_pose
-    from sim_render.api import render_cell_frames
+    from sim_render.api import render_cell_frames  # lazy: hydra via sim_render.api
 
     cv2.setNumThreads(1)
     draw, frames_n, seed, look, measured = args
@@ -247,8 +248,6 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
 def wall_mask(calib: Calibration, T: np.ndarray, height: float, thickness: float) -> np.ndarray:
     """The bin's walls as boxes (inner faces on the workspace edges) projected through the
     pinhole ``calib.K`` at pose ``T``: a boolean mask of the undistorted image."""
-    import cv2
-
     (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
     z0, z1, t = calib.table_z, calib.table_z + height, max(thickness, 0.002)
     boxes = [((x0 - t, x0), (y0 - t, y1 + t)), ((x1, x1 + t), (y0 - t, y1 + t)),
@@ -265,8 +264,6 @@ def wall_mask(calib: Calibration, T: np.ndarray, height: float, thickness: float
 
 def _boundary_px(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> float:
     """Symmetric mean distance (px) between the boundaries of masks ``a`` and ``b``."""
-    import cv2
-
     def edge(m):
         m8 = m.astype(np.uint8)
         return (m8 - cv2.erode(m8, np.ones((3, 3), np.uint8))).astype(bool) & valid
@@ -285,8 +282,6 @@ def ruler_walls(given: Calibration, labels: list) -> tuple[float, float]:
     percentile); the thickness, how far the wall's top surface reaches outside the workspace
     edge (its inner face), its pixels cast through the given calibration onto the top's
     plane (98th percentile: a camera error of a few mm blurs it like a ruler's reading)."""
-    from perception.core.geometry import raw_pixel_to_base
-
     h = float(np.nanmax([np.nanpercentile(g["height"][g["label"] == 3].astype(float), 99) for g in labels]))
     (x0, x1), (y0, y1) = given.workspace_x, given.workspace_y
     outside = []
@@ -304,10 +299,6 @@ def measure_cell(folder: Path, measured: bool = False) -> dict:
     """Refine on a labelled cell's frames; the walls of the given and the written calibration
     against the true wall pixels. ``measured``: the walls given as a ruler reads them
     (:func:`ruler_walls`), as the README's step 3 does."""
-    import cv2
-
-    from perception.robot.calibrate import main as calibrate
-
     cal_path, real, geometry = folder / "calibration.json", folder / "real", folder / "geometry"
     if not (cal_path.is_file() and real.is_dir() and geometry.is_dir()):
         raise SystemExit(f"--cell {folder}: not a labelled cell (needs calibration.json, real/ and geometry/)")
