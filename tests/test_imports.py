@@ -104,14 +104,6 @@ def test_no_package_imports_one_after_it_in_the_data_flow():
     assert upward == []
 
 
-#: Files another change is rewriting: their function-local imports are not yet annotated. Each entry
-#: must still hold an unannotated one (a stale entry fails below), so this list only shrinks.
-PENDING = {
-    "benchmarks/policy.py",
-    "benchmarks/refine.py",
-}
-
-
 def unannotated_local_imports() -> dict[str, list[int]]:
     """``file -> line numbers`` of the imports inside a function (``TYPE_CHECKING`` blocks aside) with no
     ``# lazy: <reason>`` on a line of the statement: an import stays in a function only for a stated reason."""
@@ -131,12 +123,6 @@ def unannotated_local_imports() -> dict[str, list[int]]:
 
 
 def test_every_function_local_import_states_its_reason():
-    offenders = {f: lines for f, lines in unannotated_local_imports().items() if f not in PENDING}
+    offenders = unannotated_local_imports()
     assert offenders == {}, "imports inside a function need '# lazy: <reason>' (or move them to the top): " + "; ".join(
         f"{f}:{','.join(map(str, lines))}" for f, lines in offenders.items())
-
-
-def test_the_pending_list_holds_only_files_still_pending():
-    found = unannotated_local_imports()
-    stale = sorted(p for p in PENDING if p not in found)
-    assert stale == [], f"annotated now, drop them from PENDING: {stale}"
