@@ -365,6 +365,8 @@ def main() -> int:
     ap.add_argument("--cell", type=Path, action="append", default=[], metavar="DIR",
                     help="a labelled cell's folder (repeatable): refine there, walls against the true wall pixels")
     args = ap.parse_args()
+    if args.cell and args.accept:
+        ap.error("--accept judges stored twin fits (--replay); with --cell the command runs as a user runs it")
     if args.cell:
         print("| cell | written | fit mm / deg | wall IoU given / written / fit | wall edge px given / written / fit "
               "| reason |")

@@ -46,15 +46,21 @@ NOT_GROUPS = {"hydra", "sweeps"}
 _KEY = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.]*)\s*:(?P<rest>.*)$")
 
 
-def _split_comment(text: str) -> tuple[str, str]:
-    """(value text, comment) of a YAML line's remainder; a ``#`` inside quotes is not a comment."""
+def _comment_at(text: str) -> int:
+    """Where a YAML line's remainder starts its comment (-1: none); a ``#`` inside quotes is not one."""
     quote = None
     for i, ch in enumerate(text):
         if ch in "'\"" and quote in (None, ch):
             quote = None if quote == ch else ch
         elif ch == "#" and quote is None and (i == 0 or text[i - 1].isspace()):
-            return text[:i].strip(), text[i + 1:].strip()
-    return text.strip(), ""
+            return i
+    return -1
+
+
+def _split_comment(text: str) -> tuple[str, str]:
+    """(value text, comment) of a YAML line's remainder."""
+    i = _comment_at(text)
+    return (text.strip(), "") if i < 0 else (text[:i].strip(), text[i + 1:].strip())
 
 
 def yaml_comments(path: Path) -> tuple[dict[str, str], list[str]]:
@@ -97,7 +103,7 @@ def yaml_comments(path: Path) -> tuple[dict[str, str], list[str]]:
         _value, comment = _split_comment(m["rest"])
         if comment:
             comments[key] = comment
-            last_key, last_col = key, line.index("#", len(m["indent"]) + len(m["key"]))
+            last_key, last_col = key, m.start("rest") + _comment_at(m["rest"])
         else:
             last_key = None
         if above:

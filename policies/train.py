@@ -99,7 +99,10 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     try:
         DecodeOptions.from_dict(decode, threshold=0.5 if threshold is None else threshold)
     except DecodeOptionsError as exc:
-        raise ValueError(exc.located("policy.decode")) from exc
+        checks = [k for k in exc.keys if k != "rule"]
+        hint = (f"; set {' '.join(f'policy.decode.{k}=null' for k in checks)} to use the rule"
+                if "rule" in exc.keys and checks else "")
+        raise ValueError(exc.located("policy.decode") + hint) from exc
     except ValueError as exc:  # the threshold: the artifact's quality_threshold
         raise ValueError(f"policy.quality_threshold: {exc}") from exc
 

@@ -33,13 +33,14 @@ def test_a_comment_is_read_beside_above_and_continued(tmp_path):
                     "# the section's own words\n"
                     "b:\n"
                     "  c: 'x # y'  # seconds\n"
+                    "              # and more\n"
                     "  d: 2\n")
     comments, header = gen.yaml_comments(path)
     assert header == ["the header", "cmd key=value"]
     assert comments == {"a": "metres, the first and its second line", "b": "the section's own words",
-                        "b.c": "seconds"}
+                        "b.c": "seconds and more"}
     rows, _defaults, _header = gen.option_table(path)
-    assert "| `b.c` | `x # y` | seconds |" in rows and "| `b.d` | `2` |  |" in rows
+    assert "| `b.c` | `x # y` | seconds and more |" in rows and "| `b.d` | `2` |  |" in rows
 
 
 def test_error_messages_are_found_where_they_are_raised():

@@ -108,6 +108,10 @@ class DecodeOptionsError(ValueError):
         self.keys = keys
         super().__init__(self.located("decode"))
 
+    def __reduce__(self):
+        # Rebuilt from its parts across a process boundary (args holds the formatted message).
+        return type(self), (self.problem, *self.keys)
+
     def located(self, section: str, quote: str = "") -> str:
         """The message with each key named ``{quote}{section}.{key}{quote}``."""
         names = [f"{quote}{section}.{k}{quote}" for k in self.keys] or [f"{quote}{section}{quote}"]
@@ -191,7 +195,8 @@ class DecodeOptions:
 
     @classmethod
     def from_dict(cls, d: Any, *, threshold: float, workspace_margin: float = 0.0) -> DecodeOptions:
-        """The options of a ``decode`` mapping (:data:`DECODE_KEYS`; absent or null: the default),
+        """The options of a ``decode`` mapping (:data:`DECODE_KEYS`; absent: the default; null turns
+        ``rule``, ``on_part_px`` and the checks off),
         with the server's ``threshold`` and ``workspace_margin``.
 
         Raises:
@@ -210,6 +215,8 @@ class DecodeOptions:
         ``width_margin`` and the options that are on."""
         out: dict = {"neighbourhood_px": self.neighbourhood_px, "width_margin": self.width_margin}
         out.update({k: getattr(self, k) for k in DECODE_KEYS if k not in out and getattr(self, k) is not None})
+        if "rule" in out:
+            out["rule"] = dict(out["rule"])  # the metadata's own copy, not the options' dict
         return out
 
     def replace(self, **changes: Any) -> DecodeOptions:

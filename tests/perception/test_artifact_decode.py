@@ -471,3 +471,15 @@ def test_runner_decide_is_infer_then_decode(tmp_path, artifact_dir, calib):
     assert len(seen) == 1 and seen[0] is not None and seen[0].shape == maps.quality.shape
     _, new = runner.decide(raw, options, calibration=moved, avoid=[got.grasp], rerank=shift)  # an array as well
     same(new, old)
+
+
+def test_a_decode_option_error_reads_the_same_after_crossing_a_process():
+    import pickle
+
+    from perception.core.decode import DecodeOptions, DecodeOptionsError
+
+    with pytest.raises(DecodeOptionsError) as info:
+        DecodeOptions(threshold=0.5, neighbourhood_px=-1)
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert str(copy) == str(info.value) == "decode.neighbourhood_px must be >= 0"
+    assert copy.keys == ("neighbourhood_px",)
