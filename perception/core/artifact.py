@@ -772,10 +772,20 @@ class PolicyRunner:
             keep_view: keep the network's input image in the returned maps.
         """
         maps = self.infer(raw_rgb, keep_view=keep_view, calibration=calibration)
-        dec = decode_grasp(maps.quality, maps.width, maps.height, self.calib if calibration is None else calibration,
-                           self.view, self.meta.decode_options if options is None else options, surface=maps.surface,
-                           avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank)
-        return maps, dec
+        return maps, self._decode(maps, self.calib if calibration is None else calibration, options, avoid, rerank)
+
+    def decide_view(self, view_rgb: np.ndarray, options: DecodeOptions | None = None) -> tuple[PolicyMaps, DecodedGrasp]:
+        """:meth:`decide` on an already preprocessed view image (a translated one, in the
+        pipeline's report) through the serving calibration: :meth:`infer_view`, then the same
+        decode. Without a raw frame there is no geometry graph's surface: the policy's own."""
+        maps = self.infer_view(view_rgb)
+        return maps, self._decode(maps, self.calib, options, (), None)
+
+    def _decode(self, maps: PolicyMaps, calib: Calibration, options: DecodeOptions | None, avoid: Sequence[Grasp],
+                rerank: np.ndarray | Callable[[np.ndarray], np.ndarray] | None) -> DecodedGrasp:
+        return decode_grasp(maps.quality, maps.width, maps.height, calib, self.view,
+                            self.meta.decode_options if options is None else options, surface=maps.surface,
+                            avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank)
 
     def geometry_maps(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The geometry graph on one raw frame: ``height`` and ``part`` probability ``(H, W)`` in its camera view."""

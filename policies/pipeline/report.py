@@ -12,7 +12,6 @@ from perception.core.artifact import PolicyRunner
 from perception.core.atomic import atomic_write_text
 from perception.core.calibration import Calibration
 from perception.core.cliutil import format_number
-from perception.core.decode import decode_grasp
 from perception.core.draw import SUCCESS_COLOR, caption_image, draw_grasp, panel
 from perception.core.jsonio import write_json
 from perception.core.overlay import draw_decoded
@@ -89,11 +88,7 @@ def _panels(out: Path, sim_dataset: Path, real_dir: Path, translator: Any, calib
         sim_rows.append((draw_decoded(raw, policy(raw), calib), f"sim #{i}"))
         view = runner.preprocess(raw)
         shown = translator(view) if translator is not None else view
-        maps = runner.infer_view(shown)
-        # The maps of a translated view image, not of a raw frame: decode_grasp on them with the
-        # artifact's options (PolicyRunner.decide starts from a raw frame).
-        dec = decode_grasp(maps.quality, maps.width, maps.height, runner.calib, runner.view,
-                           runner.meta.decode_options, surface=maps.surface)
+        _maps, dec = runner.decide_view(shown)  # a translated view image, not a raw frame
         img = np.ascontiguousarray(shown).copy()
         if dec.view_pixel is not None and dec.view_angle is not None:
             draw_grasp(img, dec.view_pixel, dec.view_angle, 0.15 * img.shape[1], SUCCESS_COLOR, 1)

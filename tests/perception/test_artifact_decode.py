@@ -471,6 +471,11 @@ def test_runner_decide_is_infer_then_decode(tmp_path, artifact_dir, calib):
     assert len(seen) == 1 and seen[0] is not None and seen[0].shape == maps.quality.shape
     _, new = runner.decide(raw, options, calibration=moved, avoid=[got.grasp], rerank=shift)  # an array as well
     same(new, old)
+    # A view image (the report's translated one): infer_view, then the same decode.
+    view = runner.preprocess(raw)
+    vm = runner.infer_view(view)
+    old = decode_grasp(vm.quality, vm.width, vm.height, runner.calib, runner.view, options, surface=vm.surface)
+    same(runner.decide_view(view, options)[1], old)
 
 
 def test_a_decode_option_error_reads_the_same_after_crossing_a_process():
