@@ -31,8 +31,6 @@ from perception.core.calibration import Calibration, CalibrationError, load_cali
 from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
 from policies.weights import BASE_FORMAT, BaseError
-from sim_render.api import render_config
-from sim_render.cli import render
 
 __all__ = ["camera_mount", "camera_mounts", "train_base", "render_geometry_base_data", "main"]
 
@@ -79,6 +77,8 @@ def camera_mounts(calib: Calibration, cameras: Any) -> list[Calibration]:
 def render_base_data(cfg: DictConfig, out: Path) -> list[Path]:
     """Render ``scenes_per_camera`` randomized scenes per camera mount into ``out/data/cam<i>``
     (resumable: ``sim2real-render`` skips finished shards)."""
+    from sim_render.api import render_config  # lazy: sim_render's render command (the checks answer first)
+    from sim_render.cli import render  # lazy: likewise
 
     calib = load_calibration()
     overrides = [f"scenes_per_shard={int(cfg.scenes_per_shard)}", f"render.frames_per_scene={int(cfg.frames_per_scene)}",
@@ -140,6 +140,7 @@ def render_geometry_base_data(cfg: DictConfig, out: Path) -> tuple[list[Path], l
     ones from their own seed block) from every camera mount; resumable. Returns the training
     and validation folders."""
     from policies.geometry_data import render_geometry_data  # lazy: torch (checks answer first)
+    from sim_render.api import render_config  # lazy: sim_render's render command (the checks answer first)
 
     gd = cfg.geometry_data
     calib = load_calibration()
