@@ -112,13 +112,16 @@ def yaml_comments(path: Path) -> tuple[dict[str, str], list[str]]:
     return comments, header
 
 
+_SECTION = object()  # _flat's value for a mapping whose keys follow
+
+
 def _flat(node, prefix: str = "") -> list[tuple[str, object]]:
     if isinstance(node, dict):
         out = []
         for k, v in node.items():
             key = f"{prefix}.{k}" if prefix else str(k)
             if isinstance(v, dict) and v:
-                out.append((key, None))  # a section: its comment, then its keys
+                out.append((key, _SECTION))  # a section: its comment, then its keys
                 out.extend(_flat(v, key))
             else:
                 out.append((key, v))
@@ -151,16 +154,9 @@ def option_table(path: Path) -> tuple[list[str], list[tuple[str, str]], list[str
     data.pop("hydra", None)
     rows = ["| option | default | what it is |", "|---|---|---|"]
     for key, v in _flat(data):
-        shown = "(section)" if v is None and isinstance(_lookup(data, key), dict) else _value(v)
+        shown = "(section)" if v is _SECTION else _value(v)
         rows.append(f"| `{key}` | {_cell(shown)} | {_cell(comments.get(key, ''))} |")
     return (rows if len(rows) > 2 else []), defaults, header
-
-
-def _lookup(data: dict, key: str):
-    node = data
-    for part in key.split("."):
-        node = node[part]
-    return node
 
 
 def _groups() -> dict[str, list[str]]:

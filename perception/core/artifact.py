@@ -221,8 +221,6 @@ class ArtifactMetadata:
         decode_options: the :class:`~perception.core.decode.DecodeOptions` the policy was tuned
             with (``metadata.json: decode``, checked), its threshold ``quality_threshold``:
             what :meth:`PolicyRunner.decide` decodes with by default.
-        decode: the same options as ``metadata.json`` holds them (:meth:`DecodeOptions.to_dict`:
-            ``neighbourhood_px``, ``width_margin`` and the options that are on).
         view: the network's :class:`~perception.core.geometry.NetworkView`.
         calibration: the calibration the policy was trained for.
         raw: the whole JSON document.
@@ -243,13 +241,19 @@ class ArtifactMetadata:
     calibration: Calibration
     decode_options: DecodeOptions
     raw: dict = field(default_factory=dict)
-    decode: dict = field(default_factory=dict)
     geometry: GeometryMetadata | None = None
     int8_onnx_path: Path | None = None
 
     @property
     def code_version(self) -> str | None:
         return self.raw.get("code_version")
+
+    @property
+    def decode(self) -> dict:
+        """The decode options as ``metadata.json`` holds them (:meth:`DecodeOptions.to_dict`:
+        ``neighbourhood_px``, ``width_margin`` and the options that are on), derived from
+        :attr:`decode_options`."""
+        return self.decode_options.to_dict()
 
 
 def file_sha256(path: str | Path) -> str:
@@ -476,7 +480,6 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         log.warning("the artifact's quality_threshold is %.3f: nearly every grasp passes it, and an empty bin is "
                     "answered with a grasp", threshold)
     decode_options = _decode_options(raw.get("decode", {}), threshold)
-    decode = decode_options.to_dict()
     try:
         view = NetworkView.from_dict(_req(raw, "view"))
     except (KeyError, TypeError, ValueError) as exc:
@@ -489,7 +492,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     if geometry is not None and not view.is_table:
         raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
     for key in ("rule", "on_part_px", *CHECK_OPTIONS):
-        if key in decode and (("surface" not in outputs and geometry is None) or not view.is_table):
+        if getattr(decode_options, key) is not None and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")
     try:
@@ -511,7 +514,6 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         calibration=calib,
         decode_options=decode_options,
         raw=raw,
-        decode=decode,
         geometry=geometry,
         int8_onnx_path=_int8_path(root, raw.get("int8"), "int8"),
     )
