@@ -241,6 +241,7 @@ def _stage_timings(args: argparse.Namespace, artifact, calib: Calibration, threa
     if has_surface:
         stages["grasp_decode_checks_on"], stages["grasp_decode_checks_off"] = [], []
         checks_on, checks_off = options.replace(**on), options.replace(**dict.fromkeys(CHECK_OPTIONS))
+    avoiding = guard.avoidance(options)  # built once, as the service builds its options
     # The stages are timed one by one on the same frame: decode_grasp itself, not PolicyRunner.decide.
     if fp32 is not None:
         stages["forward_fp32"] = []
@@ -283,7 +284,7 @@ def _stage_timings(args: argparse.Namespace, artifact, calib: Calibration, threa
         avoid = guard.failed(fingerprint)
         stages["repeat_guard"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        dec = decode(guard.avoidance(options), surface=surface[0][0, 0] if surface else None, avoid=avoid)
+        dec = decode(avoiding, surface=surface[0][0, 0] if surface else None, avoid=avoid)
         stages["grasp_decode_avoiding"].append(time.perf_counter() - t)
         t = time.perf_counter()
         guard.answered(fingerprint, dec.grasp)
