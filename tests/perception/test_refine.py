@@ -69,6 +69,7 @@ STRONG = {"contrast": 2.0, "contrast_before": 1.2, "correction_mm": 6.0, "correc
     ({"correction_mm": 0.5, "correction_deg": 0.02}, "already fits"),
     ({"rival_share": 0.999}, "two poses"),
     ({"sigma_mm": 40.0}, "loose"),
+    ({"correction_mm": 2.0, "sigma_mm": 3.0}, "within the fit's own uncertainty"),
     ({"halves_mm": 9.0}, "not repeatable"),
     ({"halves_deg": 0.9}, "not repeatable"),
     ({"explained_given": 29.99}, "little more edge"),
@@ -81,7 +82,7 @@ def test_the_rule_keeps_the_calibration_unless_every_test_passes(spoil, why):
 
 
 @pytest.mark.parametrize("loose, too_loose", [
-    ({"sigma_mm": 10.0}, {"sigma_mm": 20.0}),
+    ({"sigma_mm": 10.0, "correction_mm": 12.0}, {"sigma_mm": 20.0, "correction_mm": 12.0}),
     ({"halves_mm": 1.8}, {"halves_mm": 2.5}),
     ({"halves_deg": 0.18}, {"halves_deg": 0.3}),
 ])
