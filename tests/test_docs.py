@@ -51,6 +51,20 @@ def test_error_messages_are_found_where_they_are_raised():
     assert any(kind in ("fail", "CliError") for _f, _w, kind, _t in found)
 
 
+def test_every_error_message_says_what_to_do():
+    missing = gen.without_remedy()
+    assert not missing, f"write what to do about these in docs/remedies.yaml: {missing[:5]}"
+    known = gen.remedies()
+    # A message that neither says what to do nor has a remedy is caught; one that says it is not.
+    assert gen.what_to_do("x.py", "NewError", "the frobnicator broke", known) is None
+    assert gen.what_to_do("x.py", "NewError", "width must be positive", known) == "as the message says"
+    # A remedy by type, one by file and type before it, and the internal checks' own words.
+    assert gen.what_to_do("x.py", "ArtifactError", "artifact directory not found: …", known) == known["ArtifactError"]
+    assert gen.what_to_do("perception/core/geometry.py", "ValueError", "maps", known) == gen.INTERNAL_TEXT
+    assert gen.what_to_do("perception/core/geometry.py", "ValueError", "x must be 1", known) == "as the message says"
+    assert all(v for v in known.values())
+
+
 # The lab notebook apart from the pages that say how things work (issue 39): a page that
 # explains stays short enough to read, and every dated experiment is found from the index.
 DOCS = ROOT / "docs"
