@@ -1,7 +1,7 @@
 """The geometry network's height error on a cell's own labelled frames and on held-out sim frames.
 
     .venv/bin/python benchmarks/geometry.py [--geometry geometry_base_v2 | --artifact ART [--precision auto]]
-        [--cell DIR ...] [--sim N] [--panel FILE] [--real DIR --calibration FILE]
+        [--cell DIR ...] [--sim N] [--panel FILE] [--real DIR --calibration FILE] [--write]
 
 ``--cell DIR`` (repeatable) is a folder made by the validation cell's
 ``make_real_frames.py --out DIR --geometry DIR/geometry``: ``calibration.json``, the frames
@@ -34,6 +34,8 @@ pixels (:func:`scores`):
 figures under ``"sim"`` on N freshly rendered scenes (the pipeline's default randomization,
 the packaged calibration, scene seeds from 3,000,000: nobody trains on them). The last line
 of stdout is one JSON object ``{"cells": {DIR: {...}}, "pooled": {...}[, "sim": {...}]}``.
+``--write`` (with ``--cell``) also puts the table into ``docs/results.md``, block ``geometry``
+(``benchmarks/results_doc.py``).
 ``--panel FILE`` draws, for two frames of each cell, the camera view, the true height, the
 predicted height and the error. ``--real DIR`` (a folder of unlabelled photos, with
 ``--calibration``) draws the view, the predicted part mask and height instead (to ``--panel``,
@@ -59,6 +61,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
+
+from results_doc import ResultsDocError, write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 from perception.core.artifact import ArtifactError, PolicyRunner, load_metadata  # noqa: E402
 from perception.core.calibration import Calibration, CalibrationError, default_calibration_path  # noqa: E402
@@ -413,6 +418,11 @@ def _line(where: str, s: dict) -> str:
             f"top-down part edges {s['topdown_edge_median_mm']} / {s['topdown_edge_p90_mm']} mm")
 
 
+def make_geometry(args: argparse.Namespace):
+    """The geometry ``--artifact`` or ``--geometry`` names (default ``geometry_base_v2``)."""
+    return ArtifactGeometry(args.artifact, args.precision) if args.artifact else TorchGeometry(args.geometry or "geometry_base_v2")
+
+
 def run(args: argparse.Namespace, geom=None) -> dict:
     """The measurement :func:`main` prints (``geom``: a geometry with ``view``, ``rebuild``, ``predict``
     and ``part_threshold``, instead of ``--geometry`` / ``--artifact``)."""
@@ -420,7 +430,7 @@ def run(args: argparse.Namespace, geom=None) -> dict:
     if args.real is not None and cells and args.panel is not None:
         raise CellError("--panel draws either the cells' panel or --real's: give one of --cell, --real")
     if geom is None:
-        geom = ArtifactGeometry(args.artifact, args.precision) if args.artifact else TorchGeometry(args.geometry or "geometry_base_v2")
+        geom = make_geometry(args)
     result: dict = {"cells": {}}
     rows: list[np.ndarray] | None = [] if args.panel is not None and cells else None
     pooled: list[FrameMeasure] = []
@@ -462,7 +472,28 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--panel", type=Path, default=None, help="draw a panel to this file")
     ap.add_argument("--real", type=Path, help="a folder of unlabelled photos to draw the network on")
     ap.add_argument("--calibration", type=Path, default=None, help="their camera's calibration (with --real)")
+    ap.add_argument("--write", action="store_true",
+                    help="put the table into docs/results.md (block geometry; benchmarks/results_doc.py)")
     return ap
+
+
+def results_table(result: dict, name: str) -> str:
+    """The measured figures as ``docs/results.md`` shows them: a row a cell, pooled, held-out sim."""
+    lines = [f"Network: {name}.", "",
+             "| frames | part pixels: median / p90 | within 5 mm | part mask IoU | table, floor, walls: p90 |",
+             "|---|---|---|---|---|"]
+    rows = [(Path(d).name, s) for d, s in result["cells"].items()]
+    if len(result["cells"]) > 1:
+        rows.append(("pooled", result["pooled"]))
+    if "sim" in result:
+        rows.append(("held-out sim", result["sim"]))
+    for where, s in rows:
+        if not s["part_pixels"]:
+            lines.append(f"| {where} ({s['frames']}) | no part pixels | | | |")
+            continue
+        lines.append(f"| {where} ({s['frames']}) | {s['part_median_mm']:.1f} / {s['part_p90_mm']:.1f} mm | "
+                     f"{s['part_within_5mm']:.0%} | {s['part_iou']:.2f} | {s['rest_p90_mm']:.1f} mm |")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -471,9 +502,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("geometry.py: nothing to measure: give --cell DIR, --sim N or --real DIR", file=sys.stderr)
         return 2
     torch.set_num_threads(2)
+    if args.write and not args.cell:
+        print("geometry.py: --write puts the cells' table into docs/results.md: give --cell DIR", file=sys.stderr)
+        return 2
     try:
-        result = run(args)
-    except CellError as exc:
+        for d in args.cell:
+            load_cell(d)  # every folder checked before anything runs
+        geom = make_geometry(args)
+        result = run(args, geom)
+        if args.write:
+            write_block("geometry", results_table(result, geom.name),
+                        "python benchmarks/geometry.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    except (CellError, ResultsDocError) as exc:
         print(f"geometry.py: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result))

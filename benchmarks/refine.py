@@ -2,7 +2,8 @@
 keeps the calibration as given, or writes a pose farther from the truth.
 
     .venv/bin/python benchmarks/refine.py [--cells 64] [--frames 10] [--seed 0] [--workers 2]
-        [--out outputs/bench_refine] [--look natural|target] [--measured-walls] [--replay] [--accept KEY=VALUE]
+        [--out outputs/bench_refine] [--look natural|target] [--measured-walls]
+        [--replay [--seed S ...] [--accept KEY=VALUE] [--write]]
     .venv/bin/python benchmarks/refine.py --cell DIR [--cell DIR ...]
 
 Each cell draws a wall height (20-60 mm, the contract's range) and thickness (3-30 mm)
@@ -31,7 +32,9 @@ Every fit is stored, with what the decision weighs (``RefineResult.evidence``), 
 line a cell in ``--out/<look>_seed<S>_f<F>.jsonl``; a stopped run continues from it.
 ``--replay`` fits nothing: it judges the stored fits again with the decision rule in
 ``conf/calibrate_refine.yaml`` (``accept``) and prints the same table, which is how the
-rule is chosen on one seed's cells and checked on another's.
+rule is chosen on one seed's cells and checked on another's. With ``--replay``, ``--seed``
+takes several seeds (their sum is printed last) and ``--write`` puts that sum into
+``docs/results.md``, block ``refine`` (``benchmarks/results_doc.py``).
 
 ``--cell DIR`` measures the command on a cell whose frames carry true labels (a folder
 with ``calibration.json``, ``real/`` and ``geometry/NNNNN.npz`` holding a ``label`` map,
@@ -62,6 +65,9 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
+
+from results_doc import ResultsDocError, write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
 from perception.core.geometry import raw_pixel_to_base  # noqa: E402
@@ -76,6 +82,7 @@ from perception.core.refine import (  # noqa: E402
     refine_pose,
 )
 from perception.robot.calibrate import main as calibrate  # noqa: E402
+from policies.evaluate import wilson_interval  # noqa: E402
 
 #: Every RIGHT_EVERY-th cell's calibration is right: at most these errors.
 RIGHT_EVERY, RIGHT_MM, RIGHT_DEG = 8, 2.0, 0.1
@@ -352,7 +359,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", type=int, default=64)
     ap.add_argument("--frames", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, nargs="+", default=[0],
+                    help="the cells' seed; with --replay several, judged together (one summary over all)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--look", choices=("natural", "target"), default="natural")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_refine"))
@@ -362,6 +370,8 @@ def main() -> int:
     ap.add_argument("--accept", action="append", default=[], metavar="KEY=VALUE",
                     help="judge with this accept setting instead of the packaged one (repeatable): a replay "
                          "tries a rule without editing conf/calibrate_refine.yaml")
+    ap.add_argument("--write", action="store_true",
+                    help="with --replay: put the summary into docs/results.md (block refine; benchmarks/results_doc.py)")
     ap.add_argument("--cell", type=Path, action="append", default=[], metavar="DIR",
                     help="a labelled cell's folder (repeatable): refine there, walls against the true wall pixels")
     args = ap.parse_args()
@@ -374,18 +384,70 @@ def main() -> int:
         cells = [measure_cell(folder, args.measured_walls) for folder in args.cell]
         print(json.dumps({"cells": cells}))
         return 0
+    if len(args.seed) > 1 and not args.replay:
+        ap.error("several --seed values judge stored fits together: add --replay (fit one seed at a time)")
+    if args.write and not args.replay:
+        ap.error("--write puts a replay's summary into docs/results.md: add --replay")
     try:
         acc = AcceptSettings.defaults(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.accept)})
     except (ValueError, RefineError) as exc:
         ap.error(f"--accept: {exc}")
-    path = args.out / f"{args.look}_seed{args.seed}_f{args.frames}{'_walls' if args.measured_walls else ''}.jsonl"
+    summaries = [judge_seed(args, seed, acc) for seed in args.seed]
+    total = add_up(summaries)
+    if len(summaries) > 1:
+        print(f"\nall {len(summaries)} seeds: {total['cells']} cells, {total['kept']} kept, {total['wrong']} written wrong "
+              f"by the pose ({total['wrong_by_centre']} by the centre), {total['workspace']['wrong']} by the workspace")
+        print(json.dumps({"look": args.look, "seeds": args.seed, "frames": args.frames, **total}))
+    if args.write:
+        command = "python benchmarks/refine.py " + " ".join(sys.argv[1:])
+        try:
+            write_block("refine", results_table(total, args), command)
+        except ResultsDocError as exc:
+            ap.error(str(exc))
+    return 0
+
+
+def add_up(summaries: list[dict]) -> dict:
+    """The seeds' summaries summed, key by key (the workspace's too)."""
+    total: dict = {}
+    for s in summaries:
+        for k, v in s.items():
+            if isinstance(v, dict):
+                total[k] = add_up([total.get(k, {}), v])
+            elif isinstance(v, (int, float)):
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+def results_table(total: dict, args: argparse.Namespace) -> str:
+    """The summary as ``docs/results.md`` shows it (counts with a Wilson 95% interval on the recovered share)."""
+    ws = total["workspace"]
+    written = ws["cells"] - ws["kept"]
+    lo, hi = wilson_interval(ws["big_recovered"], ws["big_error_cells"])
+    share = ws["big_recovered"] / max(1, ws["big_error_cells"])
+    walls = "walls measured within 1 mm" if args.measured_walls else "walls fitted"
+    return "\n".join([
+        f"Twin cells of the `{args.look}` look, seeds {', '.join(map(str, args.seed))}, {args.frames} frames a cell, "
+        f"{walls}; the decision rule of `conf/calibrate_refine.yaml`.", "",
+        "| cells | kept as given | written, workspace nearer the truth | written, workspace farther "
+        "| recovered (workspace error halved), of those >= 5 mm off | written wrong by the pose (by the centre) |",
+        "|---|---|---|---|---|---|",
+        f"| {ws['cells']} | {ws['kept']} | {written - ws['wrong']} | {ws['wrong']} | {ws['big_recovered']} / "
+        f"{ws['big_error_cells']} = {100 * share:.1f}% [{100 * lo:.0f}, {100 * hi:.0f}] | {total['wrong']} "
+        f"({total['wrong_by_centre']}) |",
+    ])
+
+
+def judge_seed(args: argparse.Namespace, seed: int, acc: AcceptSettings) -> dict:
+    """One seed's cells: fitted (those not stored yet) unless ``--replay``, judged, printed; its summary."""
+    path = args.out / f"{args.look}_seed{seed}_f{args.frames}{'_walls' if args.measured_walls else ''}.jsonl"
     done = {}
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
                 done[rec["cell"]] = rec
-    todo = [draw_cell(args.seed, c) for c in range(args.cells) if c not in done]
+    todo = [draw_cell(seed, c) for c in range(args.cells) if c not in done]
     if args.replay:
         if todo:
             print(f"{path}: {len(todo)} of {args.cells} cells not fitted yet; judging the {len(done)} stored",
@@ -395,16 +457,16 @@ def main() -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         print(f"fitting {len(todo)} cells ({len(done)} stored in {path}) on {args.workers} worker(s)", file=sys.stderr)
         with ProcessPoolExecutor(max_workers=args.workers) as pool, path.open("a") as fh:
-            jobs = [(d, args.frames, args.seed, args.look, args.measured_walls) for d in todo]
+            jobs = [(d, args.frames, seed, args.look, args.measured_walls) for d in todo]
             for k, rec in enumerate(pool.map(fit_cell, jobs), 1):
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()  # a line a cell: a stopped run loses at most the cells in flight
                 done[rec["cell"]] = rec
                 print(f"cell {rec['cell']} fitted ({k}/{len(todo)}, {rec['seconds']:.0f} s)", file=sys.stderr)
     records = [done[c] for c in range(args.cells) if c in done]
-    summary = table(records, args.seed, acc)
-    print(json.dumps({"look": args.look, "seed": args.seed, "frames": args.frames, **summary}))
-    return 0
+    summary = table(records, seed, acc)
+    print(json.dumps({"look": args.look, "seed": seed, "frames": args.frames, **summary}))
+    return {"cells": len(records), **summary}
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ With an artifact that has int8 graphs (``policies/int8.py``) the service runs th
 on a CPU); the float graphs are then timed beside them in the same run: the forward passes
 interleaved in one loop, and ``/v1/grasp`` on PNG frames from a second service started with
 ``precision=fp32``, with the p50 ratios.
-``--write`` puts the table into docs/benchmarks.md between the service markers.
+``--write`` puts the table into docs/benchmarks.md between the service markers, and the
+end-to-end latency and memory into ``docs/results.md``, block ``service`` (``benchmarks/results_doc.py``).
 
 ``--uploads 10,30,60`` measures memory instead: for each count, a fresh service with its
 default limits, then that many clients at once, each sending a frame padded to just under
@@ -51,6 +52,9 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
+
+from results_doc import write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 from perception.core.artifact import PolicyRunner, cpu_count  # noqa: E402
 from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
@@ -411,6 +415,18 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_table(res: dict) -> str:
+    """The service's cost as ``docs/results.md`` shows it (block ``service``)."""
+    e = res["e2e_ms"]
+    return "\n".join([
+        f"Policy: {res['artifact']}; {res['machine']}; {res['n']} requests per format, one client.", "",
+        "| `POST /v1/grasp`, 640x480 frame | p50 ms | p99 ms |", "|---|---:|---:|",
+        f"| PNG | {e['png']['p50']:.1f} | {e['png']['p99']:.1f} |",
+        f"| JPEG | {e['jpeg']['p50']:.1f} | {e['jpeg']['p99']:.1f} |", "",
+        f"Resident memory: {res['rss_mb']['idle']:.0f} MB idle, peak {res['rss_mb']['peak']:.0f} MB.",
+    ])
+
+
 def write_section(md: str, path: Path) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
     if START in text and END in text:
@@ -494,7 +510,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
     ap.add_argument("--loads", action="store_true", help="also time frames under slow-client, idle-connection, "
                     "scan-bomb and full-queue loads")
-    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md and docs/results.md")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--uploads", default=None, metavar="N,N,...",
                     help="measure peak memory under N concurrent near-limit uploads instead (e.g. 10,30,60)")
@@ -510,6 +526,7 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
     if args.write:
         write_section(md, ROOT / "docs" / "benchmarks.md")
+        write_block("service", results_table(res), "python benchmarks/service.py " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -16,7 +16,7 @@ The cell is a development proxy, not the acceptance test: nothing here imports o
 its code, only the JSON its scripts print. Every rate comes with its attempts and a
 Wilson 95% interval; ``cyclegan - none`` is pooled over the cells, with a Newcombe
 (Wilson-based) interval of the difference. ``--write`` puts the table into
-``docs/benchmarks.md`` between ``<!-- transfer:begin -->`` and ``<!-- transfer:end -->``.
+``docs/results.md``, block ``transfer`` (``benchmarks/results_doc.py``).
 
 Not part of ``.ci/run``: a ``budget=small`` cell takes about 20 minutes per adaptation
 setting on 2 cores.
@@ -25,7 +25,6 @@ setting on 2 cores.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -36,8 +35,9 @@ from policies.evaluate import newcombe_interval as newcombe
 from policies.evaluate import wilson_interval as wilson
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- transfer:begin -->", "<!-- transfer:end -->"
+sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
+
+from results_doc import write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 
 def run_cell(cell: Path, checkout: Path, work: Path, seed: int, args: argparse.Namespace, first: Path | None) -> Path:
@@ -151,21 +151,6 @@ def change_table(before: list[Path], after: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def write_doc(text: str, command: str) -> None:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip() or "unknown"
-    block = (f"{BEGIN}\nCommand: `{command}` (commit `{commit}`, {datetime.date.today().isoformat()}).\n\n"
-             f"{text}\n{END}")
-    doc = DOC.read_text()
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):]
-    else:
-        doc = doc.rstrip() + "\n\n## Transfer: the validation cells (`benchmarks/transfer.py`)\n\n" + block + "\n"
-    tmp = DOC.with_suffix(".md.tmp")
-    tmp.write_text(doc)
-    tmp.replace(DOC)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cell", type=Path, help="the validation cell's folder (holds run_all.sh)")
@@ -179,7 +164,7 @@ def main() -> None:
     ap.add_argument("--summaries", type=Path, nargs="+", help="finished runs (folders with summary.json): no run")
     ap.add_argument("--before", type=Path, nargs="+", help="finished runs of the same cells before a change: "
                     "adds the pooled change per policy")
-    ap.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="put the table into docs/results.md (block transfer)")
     args = ap.parse_args()
     if args.summaries:
         runs = list(args.summaries)
@@ -200,7 +185,7 @@ def main() -> None:
                 + change_table(list(args.before), runs))
     print(text)
     if args.write:
-        write_doc(text, "python benchmarks/transfer.py " + " ".join(sys.argv[1:]))
+        write_block("transfer", text, "python benchmarks/transfer.py " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -122,6 +122,16 @@ def test_a_network_that_returns_the_true_height_scores_zero(cell):
     # both top-down surfaces are rebuilt the same way: their part edges are the same cells
     assert s["topdown_edge_median_mm"] == 0.0 and s["topdown_edge_p90_mm"] == 0.0
     assert res["pooled"] == s
+    # The results page's table (--write) shows those figures, a row a cell.
+    table = bench.results_table(res, "the oracle")
+    assert f"| {cell.name} (2) | 0.0 / 0.0 mm | 100% | 1.00 | 0.0 mm |" in table and "the oracle" in table
+
+
+def test_write_without_a_cell_exits_2_and_writes_nothing(capsys):
+    page = ROOT / "docs" / "results.md"
+    before = page.read_text()
+    assert bench.main(["--sim", "1", "--write"]) == 2
+    assert "give --cell DIR" in capsys.readouterr().err and page.read_text() == before
 
 
 def test_a_network_10_mm_too_high_scores_10_mm(cell):
