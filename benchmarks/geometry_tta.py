@@ -5,6 +5,7 @@ here at test time).
 
     .venv/bin/python benchmarks/geometry_tta.py --cell DIR --frames DIR [--cell DIR --frames DIR ...]
         --sim-views GEOMETRY_DATA [--geometry geometry_base_v2] [--alphas 0,0.5,1] [--betas 0,0.01,0.03,0.06]
+        [--free-steps 150]
 
 ``--cell DIR`` is a labelled cell as ``benchmarks/geometry.py --cell`` reads it; ``--frames
 DIR`` (one per ``--cell``, in order) the same cell's unlabelled frames written with another
@@ -12,7 +13,10 @@ seed (``make_real_frames.py --out DIR --seed 0``): AdaBN's statistics come from 
 from the frames measured. ``--sim-views`` is a geometry data folder (its shards' camera
 views) whose mean amplitude spectrum FDA gives each real view within ``beta`` of the
 spectrum's centre (a fraction of the shorter side). ``alpha`` mixes the sim statistics
-(0) with the real ones (1). Prints one line per cell and setting, then one JSON object.
+(0) with the real ones (1). ``--free-steps N`` also fine-tunes N steps on the frames' free
+labels (:func:`free_labels`: table and bin floor at height 0 where nothing changed; every
+other pixel held to the network's own prediction). Prints one line per cell and setting,
+then one JSON object.
 """
 
 from __future__ import annotations
@@ -25,18 +29,78 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
 
 import geometry as G  # noqa: E402  (benchmarks/geometry.py: the same cells, network and scores)
 
+from perception.core.geometry import view_pixels_to_base  # noqa: E402
 from perception.core.imageio import read_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
 from policies.geometry_data import read_geometry_shard  # noqa: E402
 
 SIM_VIEWS = 512  # sim views averaged into the amplitude spectrum
 ADAPT_BATCH = 16
+
+
+def free_labels(views: np.ndarray, calib, view, wall_m: float = 0.06, margin_m: float = 0.01,
+                outside_m: float = 0.05, change: float = 0.08) -> np.ndarray:
+    """``(N, H, W)`` bool: the pixels a cell's own frames label "height 0, no part" for free.
+
+    A pixel's ray meets the table plane and the plane ``wall_m`` above it (the contract's
+    tallest wall) both inside the workspace less ``margin_m`` (it looks into the bin through
+    its open top, never at a wall) or both beyond the workspace plus ``outside_m`` (the table
+    past any wall); and the frame there differs from the frames' per-pixel median by under
+    ``change`` (0-1, the channels' mean): nothing stands there in this frame.
+    """
+    W, H = view.size
+    uu, vv = np.meshgrid(np.arange(W, dtype=np.float64), np.arange(H, dtype=np.float64))
+    uv = np.stack([uu.ravel(), vv.ravel()], 1)
+    low = view_pixels_to_base(uv, calib, view, calib.table_z)[:, :2]
+    high = view_pixels_to_base(uv, calib, view, calib.table_z + wall_m)[:, :2]
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+
+    def inside(p: np.ndarray, d: float) -> np.ndarray:
+        return (p[:, 0] > x0 + d) & (p[:, 0] < x1 - d) & (p[:, 1] > y0 + d) & (p[:, 1] < y1 - d)
+
+    region = ((inside(low, margin_m) & inside(high, margin_m))
+              | (~inside(low, -outside_m) & ~inside(high, -outside_m))).reshape(H, W)
+    x = views.astype(np.float32) / 255.0
+    unchanged = np.abs(x - np.median(x, axis=0)).mean(-1) < change
+    return unchanged & region[None]
+
+
+def free_label_finetune(net: torch.nn.Module, images: torch.Tensor, labelled: np.ndarray, steps: int,
+                        lr: float = 1e-4, batch: int = 8, seed: int = 0) -> torch.nn.Module:
+    """A copy of ``net`` fine-tuned on the free labels: height 0 and no part where ``labelled``;
+    every other pixel held to ``net``'s own prediction (the sim-trained network is the anchor).
+    BatchNorm statistics stay the sim ones (AdaBN did not help)."""
+    with torch.no_grad():
+        ref = net.eval()(images)
+    ref_h, ref_p = ref["height"], torch.sigmoid(ref["object_logits"])
+    lab = torch.from_numpy(labelled)[:, None].float()
+    tuned = copy.deepcopy(net).eval()
+    opt = torch.optim.AdamW(tuned.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    for _step in range(steps):
+        idx = torch.randint(0, len(images), (batch,), generator=gen)
+        out = tuned(images[idx])
+        m, rest = lab[idx], 1 - lab[idx]
+        h, logit = out["height"], out["object_logits"]
+
+        def mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return (x * w).sum() / w.sum().clamp_min(1)
+
+        free = 20 * mean(F.smooth_l1_loss(h, torch.zeros_like(h), reduction="none", beta=0.01), m) \
+            + mean(F.binary_cross_entropy_with_logits(logit, torch.zeros_like(logit), reduction="none"), m)
+        anchor = 20 * mean(F.smooth_l1_loss(h, ref_h[idx], reduction="none", beta=0.01), rest) \
+            + mean(F.binary_cross_entropy_with_logits(logit, ref_p[idx], reduction="none"), rest)
+        opt.zero_grad()
+        (free + anchor).backward()
+        opt.step()
+    return tuned.eval()
 
 
 def adabn(net: torch.nn.Module, views: torch.Tensor, alpha: float) -> torch.nn.Module:
@@ -90,6 +154,8 @@ def main() -> int:
     ap.add_argument("--geometry", default="geometry_base_v2")
     ap.add_argument("--alphas", default="0,0.5,1")
     ap.add_argument("--betas", default="0,0.01,0.03,0.06")
+    ap.add_argument("--free-steps", type=int, default=0,
+                    help="also fine-tune this many steps on the frames' free labels (0: not)")
     args = ap.parse_args()
     if len(args.cell) != len(args.frames):
         ap.error("give one --frames DIR for each --cell DIR")
@@ -111,9 +177,15 @@ def main() -> int:
         real = torch.from_numpy(np.concatenate(
             [to_network_input(preprocess(read_image(f), cell.calib, geom.view(cell.calib))) for f in files]))
         settings = [("adabn", a) for a in (float(x) for x in args.alphas.split(","))] + \
-                   [("fda", b) for b in (float(x) for x in args.betas.split(",")) if b > 0]
+                   [("fda", b) for b in (float(x) for x in args.betas.split(",")) if b > 0] + \
+                   ([("free", float(args.free_steps))] if args.free_steps > 0 else [])
         for kind, value in settings:
-            geom.net = adabn(base, real, value) if kind == "adabn" and value > 0 else base
+            if kind == "free":
+                views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
+                geom.net = free_label_finetune(base, real, free_labels(views, cell.calib, geom.view(cell.calib)),
+                                               int(value))
+            else:
+                geom.net = adabn(base, real, value) if kind == "adabn" and value > 0 else base
             geom.beta = value if kind == "fda" else 0.0
             s = G.scores(G.measure_cell(geom, cell))
             key = f"{cell_dir.name} {kind}={value:g}"

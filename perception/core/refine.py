@@ -748,10 +748,11 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
         return False, (f"the walls leave the camera loose: {e['sigma_mm']:.1f} mm of uncertainty along the direction "
                        f"in which it can turn and move at once (over {max_sigma} mm"
                        f"{' with the walls measured' if measured else ''})")
-    # The fit's own floor: started at the true pose it settles sigma_mm or so away along the
-    # ridge (each line's bias of a fraction of a pixel, amplified), so a correction no
-    # larger than that cannot be told from the floor and would as likely move the camera
-    # away from the truth as towards it (docs/experiments/2026-12-05-refine-the-fits-floor.md).
+    # The fit's own floor: started at the true pose it settles a median 4 mm away along the
+    # ridge (each line's bias of a fraction of a pixel, amplified), about its own sigma_mm
+    # (median 5.6 mm over the twin cells). A correction no larger than that cannot be told
+    # from the floor and would as likely move the camera away from the truth as towards it
+    # (docs/experiments/2026-12-05-refine-the-fits-floor.md).
     if e["correction_mm"] < acc.min_correction_sigmas * e["sigma_mm"]:
         return False, (f"the correction is within the fit's own uncertainty: {e['correction_mm']:.1f} mm against "
                        f"{acc.min_correction_sigmas:g} x {e['sigma_mm']:.1f} mm along the direction in which the "
