@@ -5,7 +5,7 @@ here at test time).
 
     .venv/bin/python benchmarks/geometry_tta.py --cell DIR --frames DIR [--cell DIR --frames DIR ...]
         --sim-views GEOMETRY_DATA [--geometry geometry_base_v2] [--alphas 0,0.5,1] [--betas 0,0.01,0.03,0.06]
-        [--free-steps 150]
+        [--free-steps 150] [--cut-paste-scenes 256 [--cut-paste-steps 400] [--raw-sim]] [--work DIR]
 
 ``--cell DIR`` is a labelled cell as ``benchmarks/geometry.py --cell`` reads it; ``--frames
 DIR`` (one per ``--cell``, in order) the same cell's unlabelled frames written with another
@@ -15,7 +15,9 @@ views) whose mean amplitude spectrum FDA gives each real view within ``beta`` of
 spectrum's centre (a fraction of the shorter side). ``alpha`` mixes the sim statistics
 (0) with the real ones (1). ``--free-steps N`` also fine-tunes N steps on the frames' free
 labels (:func:`free_labels`: table and bin floor at height 0 where nothing changed; every
-other pixel held to the network's own prediction). Prints one line per cell and setting,
+other pixel held to the network's own prediction). ``--cut-paste-scenes N`` fine-tunes on sim
+parts rendered through the cell's own calibration and pasted onto its background
+(:func:`cut_paste_finetune`; ``--raw-sim``: on the sim views as rendered, the control). Prints one line per cell and setting,
 then one JSON object.
 """
 
@@ -37,7 +39,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: ben
 import geometry as G  # noqa: E402  (benchmarks/geometry.py: the same cells, network and scores)
 
 from perception.core.geometry import view_pixels_to_base  # noqa: E402
-from perception.core.imageio import read_image  # noqa: E402
+from perception.core.imageio import read_image, write_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
 from policies.geometry_data import read_geometry_shard  # noqa: E402
 
@@ -103,6 +105,74 @@ def free_label_finetune(net: torch.nn.Module, images: torch.Tensor, labelled: np
     return tuned.eval()
 
 
+def render_cell_sim(calib, gdata: dict, out_dir: Path, scenes: int, workers: int, seed: int = 777) -> dict[str, np.ndarray]:
+    """``scenes`` randomized sim scenes seen through the cell's own calibration, two looks each, in the
+    geometry network's view: ``view_rgb``, ``height`` (NaN where unknown), ``object``. Resumable."""
+    from omegaconf import OmegaConf  # lazy: only the cut-and-paste mode renders
+
+    from policies.geometry_data import render_geometry_data  # lazy: pybullet (only to render)
+    from sim_render.api import render_config  # lazy: hydra and pybullet (only to render)
+
+    render_cfg = OmegaConf.to_container(render_config(out_dir / "render", 1, "randomized", 0, None, []).render,
+                                        resolve=True)
+    gcfg = {"view_size": list(gdata["view_size"]), "margin": float(gdata["margin"])}
+    render_geometry_data(out_dir / "sim", calib, [calib], render_cfg, gcfg, scenes, seed=seed, frames_per_mount=2,
+                         scenes_per_shard=32, workers=workers)
+    shards = [read_geometry_shard(p) for p in sorted((out_dir / "sim" / "shards").glob("geo-*.npz"))]
+    return {k: np.concatenate([sh[k] for sh in shards]) for k in ("view_rgb", "height", "object")}
+
+
+def cut_paste_finetune(net: torch.nn.Module, real_images: torch.Tensor, real_views: np.ndarray, free: np.ndarray,
+                       sim: dict[str, np.ndarray], steps: int, raw: bool = False, lr: float = 1e-4,
+                       seed: int = 0) -> tuple[torch.nn.Module, np.ndarray]:
+    """A copy of ``net`` fine-tuned on sim parts pasted onto the cell's own background.
+
+    The background is the real views' per-pixel median (parts move, the bin stays); each sim
+    view's part pixels (``object``) are pasted onto it, with their sim heights and mask as labels,
+    and the background's pixels labelled height 0, no part where the free labels ever saw the
+    floor or table (``free``, :func:`free_labels`); walls and the rest carry no label. Each step
+    takes 4 such composites and 4 real views, the real ones held to ``net``'s own predictions.
+    ``raw``: the sim views as rendered instead (every known pixel labelled): the control that
+    tells the cell's background from more sim training through the cell's camera. Returns the
+    tuned network and the first composites (for a look).
+    """
+    height = np.asarray(sim["height"], dtype=np.float32)
+    part = np.asarray(sim["object"], dtype=bool)
+    background = np.median(real_views, axis=0).astype(np.uint8)
+    if raw:
+        images, known = sim["view_rgb"], ~np.isnan(height)
+        target = np.nan_to_num(height, nan=0.0)
+    else:
+        images = np.where(part[..., None], sim["view_rgb"], background[None])
+        known = (part & ~np.isnan(height)) | (free.any(axis=0)[None] & ~part)
+        target = np.where(part, np.nan_to_num(height, nan=0.0), 0.0).astype(np.float32)
+    x_sim = torch.from_numpy(np.concatenate([to_network_input(v) for v in images]))
+    known_t = torch.from_numpy(known)[:, None].float()
+    height_t = torch.from_numpy(target)[:, None]
+    part_t = torch.from_numpy(part)[:, None].float()
+    with torch.no_grad():
+        ref = net.eval()(real_images)
+    ref_h, ref_p = ref["height"], torch.sigmoid(ref["object_logits"])
+    tuned = copy.deepcopy(net).eval()  # BatchNorm statistics stay the sim ones
+    opt = torch.optim.AdamW(tuned.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    for _step in range(steps):
+        i_sim = torch.randint(0, len(x_sim), (4,), generator=gen)
+        i_real = torch.randint(0, len(real_images), (4,), generator=gen)
+        out_sim, out_real = tuned(x_sim[i_sim]), tuned(real_images[i_real])
+        w = known_t[i_sim] * (1.0 + 3.0 * part_t[i_sim])  # part pixels weigh 4x, as in the base's training
+        h_loss = (F.smooth_l1_loss(out_sim["height"], height_t[i_sim], reduction="none", beta=0.01) * w).sum() \
+            / w.sum().clamp_min(1)
+        p_loss = (F.binary_cross_entropy_with_logits(out_sim["object_logits"], part_t[i_sim], reduction="none")
+                  * known_t[i_sim]).sum() / known_t[i_sim].sum().clamp_min(1)
+        anchor = 20 * F.smooth_l1_loss(out_real["height"], ref_h[i_real], beta=0.01) \
+            + F.binary_cross_entropy_with_logits(out_real["object_logits"], ref_p[i_real])
+        opt.zero_grad()
+        (20 * h_loss + p_loss + anchor).backward()
+        opt.step()
+    return tuned.eval(), np.asarray(images[:4])
+
+
 def adabn(net: torch.nn.Module, views: torch.Tensor, alpha: float) -> torch.nn.Module:
     """A copy of ``net`` whose BatchNorm running statistics are ``(1 - alpha) * sim + alpha * real``."""
     real = copy.deepcopy(net)
@@ -156,6 +226,14 @@ def main() -> int:
     ap.add_argument("--betas", default="0,0.01,0.03,0.06")
     ap.add_argument("--free-steps", type=int, default=0,
                     help="also fine-tune this many steps on the frames' free labels (0: not)")
+    ap.add_argument("--cut-paste-scenes", type=int, default=0,
+                    help="also fine-tune on sim parts pasted onto the cell's background: this many sim scenes "
+                         "rendered through the cell's calibration (0: not)")
+    ap.add_argument("--cut-paste-steps", type=int, default=400)
+    ap.add_argument("--raw-sim", action="store_true", help="with --cut-paste-scenes: the sim views as rendered (the control)")
+    ap.add_argument("--work", type=Path, default=Path("outputs/geometry_tta"),
+                    help="where the cells' sim renders go (reused by a later run)")
+    ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     if len(args.cell) != len(args.frames):
         ap.error("give one --frames DIR for each --cell DIR")
@@ -178,9 +256,18 @@ def main() -> int:
             [to_network_input(preprocess(read_image(f), cell.calib, geom.view(cell.calib))) for f in files]))
         settings = [("adabn", a) for a in (float(x) for x in args.alphas.split(","))] + \
                    [("fda", b) for b in (float(x) for x in args.betas.split(",")) if b > 0] + \
-                   ([("free", float(args.free_steps))] if args.free_steps > 0 else [])
+                   ([("free", float(args.free_steps))] if args.free_steps > 0 else []) + \
+                   ([("raw-sim" if args.raw_sim else "cut-paste", float(args.cut_paste_steps))]
+                    if args.cut_paste_scenes > 0 else [])
         for kind, value in settings:
-            if kind == "free":
+            if kind in ("cut-paste", "raw-sim"):
+                views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
+                sim = render_cell_sim(cell.calib, geom.data, args.work / cell_dir.name, args.cut_paste_scenes,
+                                      args.workers)
+                geom.net, shown = cut_paste_finetune(base, real, views, free_labels(views, cell.calib, geom.view(cell.calib)),
+                                                     sim, int(value), raw=kind == "raw-sim")
+                write_image(args.work / cell_dir.name / f"{kind}_examples.png", np.concatenate(list(shown), axis=1))
+            elif kind == "free":
                 views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
                 geom.net = free_label_finetune(base, real, free_labels(views, cell.calib, geom.view(cell.calib)),
                                                int(value))
