@@ -60,6 +60,8 @@ def test_every_error_message_says_what_to_do():
     assert gen.what_to_do("x.py", "NewError", "width must be positive", known) == "as the message says"
     # A remedy by type, one by file and type before it, and the internal checks' own words.
     assert gen.what_to_do("x.py", "ArtifactError", "artifact directory not found: …", known) == known["ArtifactError"]
+    assert gen.what_to_do("perception/core/jsonio.py", "ValueError", "…: not valid JSON (…)", known) == \
+        known["perception/core/jsonio.py:ValueError"]
     assert gen.what_to_do("perception/core/geometry.py", "ValueError", "maps", known) == gen.INTERNAL_TEXT
     assert gen.what_to_do("perception/core/geometry.py", "ValueError", "x must be 1", known) == "as the message says"
     assert all(v for v in known.values())
