@@ -423,10 +423,12 @@ def make_geometry(args: argparse.Namespace):
     return ArtifactGeometry(args.artifact, args.precision) if args.artifact else TorchGeometry(args.geometry or "geometry_base_v2")
 
 
-def run(args: argparse.Namespace, geom=None) -> dict:
+def run(args: argparse.Namespace, geom=None, cells: list[Cell] | None = None) -> dict:
     """The measurement :func:`main` prints (``geom``: a geometry with ``view``, ``rebuild``, ``predict``
-    and ``part_threshold``, instead of ``--geometry`` / ``--artifact``)."""
-    cells = [load_cell(d) for d in args.cell]  # every folder checked before anything runs
+    and ``part_threshold``, instead of ``--geometry`` / ``--artifact``; ``cells``: ``args.cell``
+    loaded already)."""
+    if cells is None:
+        cells = [load_cell(d) for d in args.cell]  # every folder checked before anything runs
     if args.real is not None and cells and args.panel is not None:
         raise CellError("--panel draws either the cells' panel or --real's: give one of --cell, --real")
     if geom is None:
@@ -506,10 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("geometry.py: --write puts the cells' table into docs/results.md: give --cell DIR", file=sys.stderr)
         return 2
     try:
-        for d in args.cell:
-            load_cell(d)  # every folder checked before anything runs
+        cells = [load_cell(d) for d in args.cell]  # every folder checked before anything runs
         geom = make_geometry(args)
-        result = run(args, geom)
+        result = run(args, geom, cells)
         if args.write:
             write_block("geometry", results_table(result, geom.name),
                         "python benchmarks/geometry.py " + " ".join(sys.argv[1:] if argv is None else argv))

@@ -240,11 +240,11 @@ def main() -> int:
     shards = sorted((args.sim_views / "shards").glob("geo-*.npz"))
     if not shards:
         ap.error(f"--sim-views {args.sim_views}: no geometry data shards")
-    views, k = [], 0
-    while sum(len(v) for v in views) < SIM_VIEWS and k < len(shards):
-        views.append(read_geometry_shard(shards[k])["view_rgb"])
+    sim_views, k = [], 0
+    while sum(len(v) for v in sim_views) < SIM_VIEWS and k < len(shards):
+        sim_views.append(read_geometry_shard(shards[k])["view_rgb"])
         k += 1
-    sim = np.concatenate(views)[:SIM_VIEWS].astype(np.float32) / 255.0
+    sim = np.concatenate(sim_views)[:SIM_VIEWS].astype(np.float32) / 255.0
     geom = AdaptedGeometry(args.geometry)
     geom.sim_amplitude = np.fft.fftshift(np.abs(np.fft.fft2(sim, axes=(1, 2))).mean(0), axes=(0, 1))
     base = geom.net.eval()
@@ -252,8 +252,8 @@ def main() -> int:
     for cell_dir, frames_dir in zip(args.cell, args.frames):
         cell = G.load_cell(cell_dir)
         files = sorted(p for p in frames_dir.iterdir() if p.suffix.lower() in G.FRAME_SUFFIXES)
-        real = torch.from_numpy(np.concatenate(
-            [to_network_input(preprocess(read_image(f), cell.calib, geom.view(cell.calib))) for f in files]))
+        views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
+        real = torch.from_numpy(np.concatenate([to_network_input(v) for v in views]))
         settings = [("adabn", a) for a in (float(x) for x in args.alphas.split(","))] + \
                    [("fda", b) for b in (float(x) for x in args.betas.split(",")) if b > 0] + \
                    ([("free", float(args.free_steps))] if args.free_steps > 0 else []) + \
@@ -261,14 +261,12 @@ def main() -> int:
                     if args.cut_paste_scenes > 0 else [])
         for kind, value in settings:
             if kind in ("cut-paste", "raw-sim"):
-                views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
                 sim = render_cell_sim(cell.calib, geom.data, args.work / cell_dir.name, args.cut_paste_scenes,
                                       args.workers)
                 geom.net, shown = cut_paste_finetune(base, real, views, free_labels(views, cell.calib, geom.view(cell.calib)),
                                                      sim, int(value), raw=kind == "raw-sim")
                 write_image(args.work / cell_dir.name / f"{kind}_examples.png", np.concatenate(list(shown), axis=1))
             elif kind == "free":
-                views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
                 geom.net = free_label_finetune(base, real, free_labels(views, cell.calib, geom.view(cell.calib)),
                                                int(value))
             else:

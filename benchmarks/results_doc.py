@@ -18,6 +18,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from perception.core.atomic import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
 #: Which script writes each block (the test reads this).
@@ -48,8 +50,8 @@ def commit() -> str:
 def write_block(name: str, text: str, command: str, doc: Path = RESULTS) -> None:
     """Replace block ``name`` of ``doc`` with ``text`` and the line saying how it was measured.
 
-    The page is written whole to a temporary file and moved over the old one: a stopped
-    script leaves the old page, never half a new one.
+    The page is written whole beside the old one and moved over it (:func:`atomic_write_text`):
+    a stopped script leaves the old page, never half a new one.
 
     Raises:
         ResultsDocError: ``doc`` has no block ``name``.
@@ -61,7 +63,4 @@ def write_block(name: str, text: str, command: str, doc: Path = RESULTS) -> None
                               "results go, then run the script again")
     body = (f"Measured by `{command}` at commit `{commit()}` on {datetime.date.today().isoformat()}.\n\n"
             f"{text.strip()}\n")
-    page = page[:page.index(begin) + len(begin)] + "\n" + body + page[page.index(end):]
-    tmp = doc.with_name(doc.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(doc)
+    atomic_write_text(doc, page[:page.index(begin) + len(begin)] + "\n" + body + page[page.index(end):])

@@ -57,6 +57,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: ben
 from results_doc import write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 from perception.core.artifact import PolicyRunner, cpu_count  # noqa: E402
+from perception.core.atomic import atomic_write_text  # noqa: E402
 from perception.core.calibration import Calibration, default_calibration_path  # noqa: E402
 from perception.core.decode import decode_grasp  # noqa: E402
 from perception.core.imageio import decode_image, encode_image  # noqa: E402
@@ -434,7 +435,7 @@ def write_section(md: str, path: Path) -> None:
         text = text[:a] + md.rstrip("\n") + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + md
-    path.write_text(text)
+    atomic_write_text(path, text)  # as results_doc.write_block: the old page or the new one, whole
 
 
 def _padded_png(png: bytes, size: int) -> bytes:

@@ -3,16 +3,12 @@ from the YAML and the source as they are."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-# docs/ is not a package: the generator is loaded from its file.
-_spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "gen_reference.py")
-gen = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = gen
-_spec.loader.exec_module(gen)
+gen = load_script("docs/gen_reference.py", "gen_reference")  # docs/ is not a package
 
 
 def test_every_installed_command_has_its_options_documented():

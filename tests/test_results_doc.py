@@ -3,18 +3,13 @@ block has the script that writes it, and writing one block leaves the rest of th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-# benchmarks/ is a folder of scripts, not a package: loaded from its file.
-_spec = importlib.util.spec_from_file_location("results_doc", ROOT / "benchmarks" / "results_doc.py")
-results_doc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = results_doc
-_spec.loader.exec_module(results_doc)
+results_doc = load_script("benchmarks/results_doc.py", "results_doc")  # benchmarks/ is not a package
 
 
 def test_every_block_of_the_results_page_has_its_script_and_each_script_writes_it():

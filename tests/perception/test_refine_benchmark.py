@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
+from scripts import load_script
 
 from perception.core.calibration import Calibration, default_calibration_path
 from perception.core.refine import perturb, pose_change
 
-# benchmarks/ is a folder of scripts, not an installed package: loaded from its file.
-_spec = importlib.util.spec_from_file_location("bench_refine", Path(__file__).resolve().parents[2] / "benchmarks"
-                                               / "refine.py")
-_bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _bench
-_spec.loader.exec_module(_bench)
+_bench = load_script("benchmarks/refine.py", "bench_refine")  # benchmarks/ is not an installed package
 workspace_error_mm, workspace_outcome = _bench.workspace_error_mm, _bench.workspace_outcome
 
 

@@ -8,14 +8,13 @@ sampled any other way than the frame's nearest raw pixel would not match).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts import load_script
 
 from perception.core.calibration import Calibration, default_calibration_path, project_points
 from perception.core.geometry import SurfaceRebuild, make_view
@@ -26,15 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FRAME_SIZE = (320, 240)  # half the calibration's image_size: the benchmark scales it as the service does
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_geometry", ROOT / "benchmarks" / "geometry.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _bench()
+bench = load_script("benchmarks/geometry.py", "bench_geometry")
 
 
 def _scene(calib: Calibration, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
