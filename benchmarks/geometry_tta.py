@@ -237,6 +237,13 @@ def main() -> int:
     args = ap.parse_args()
     if len(args.cell) != len(args.frames):
         ap.error("give one --frames DIR for each --cell DIR")
+    for frames_dir in args.frames:
+        if not frames_dir.is_dir() or not any(p.suffix.lower() in G.FRAME_SUFFIXES for p in frames_dir.iterdir()):
+            ap.error(f"--frames {frames_dir}: not a folder of PNG or JPEG frames (make_real_frames.py --out DIR: DIR/real)")
+    try:
+        cells = [G.load_cell(d) for d in args.cell]  # every folder checked before anything runs
+    except G.CellError as exc:
+        ap.error(str(exc))
     shards = sorted((args.sim_views / "shards").glob("geo-*.npz"))
     if not shards:
         ap.error(f"--sim-views {args.sim_views}: no geometry data shards")
@@ -249,8 +256,7 @@ def main() -> int:
     geom.sim_amplitude = np.fft.fftshift(np.abs(np.fft.fft2(sim, axes=(1, 2))).mean(0), axes=(0, 1))
     base = geom.net.eval()
     result = {}
-    for cell_dir, frames_dir in zip(args.cell, args.frames):
-        cell = G.load_cell(cell_dir)
+    for cell_dir, frames_dir, cell in zip(args.cell, args.frames, cells):
         files = sorted(p for p in frames_dir.iterdir() if p.suffix.lower() in G.FRAME_SUFFIXES)
         views = np.stack([preprocess(read_image(f), cell.calib, geom.view(cell.calib)) for f in files])
         real = torch.from_numpy(np.concatenate([to_network_input(v) for v in views]))

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
 
-from results_doc import write_block  # noqa: E402  (benchmarks/results_doc.py)
+from results_doc import ResultsDocError, write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 from perception.core.artifact import PolicyRunner, cpu_count  # noqa: E402
 from perception.core.atomic import atomic_write_text  # noqa: E402
@@ -527,7 +527,11 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
     if args.write:
         write_section(md, ROOT / "docs" / "benchmarks.md")
-        write_block("service", results_table(res), "python benchmarks/service.py " + " ".join(sys.argv[1:]))
+        try:
+            write_block("service", results_table(res), "python benchmarks/service.py " + " ".join(sys.argv[1:]))
+        except ResultsDocError as exc:
+            print(f"service.py: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -37,7 +37,7 @@ from policies.evaluate import wilson_interval as wilson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: benchmarks/adaptation.py must not shadow adaptation/
 
-from results_doc import write_block  # noqa: E402  (benchmarks/results_doc.py)
+from results_doc import ResultsDocError, write_block  # noqa: E402  (benchmarks/results_doc.py)
 
 
 def run_cell(cell: Path, checkout: Path, work: Path, seed: int, args: argparse.Namespace, first: Path | None) -> Path:
@@ -185,7 +185,10 @@ def main() -> None:
                 + change_table(list(args.before), runs))
     print(text)
     if args.write:
-        write_block("transfer", text, "python benchmarks/transfer.py " + " ".join(sys.argv[1:]))
+        try:
+            write_block("transfer", text, "python benchmarks/transfer.py " + " ".join(sys.argv[1:]))
+        except ResultsDocError as exc:
+            ap.error(str(exc))  # exit 2: the page lacks its block (the table is printed above)
 
 
 if __name__ == "__main__":
