@@ -19,15 +19,26 @@ new one: the predicted quality at each recorded grasp against its outcome (ROC A
 calibration curve), and how often each answers no grasp on those frames, with the AUC's
 change and its interval (a block bootstrap: those few attempts resolve only a large change).
 
+What the robot measured (contract section 7: ``contact_stop``, ``fingertip_z``, ``jaw_width``)
+labels the geometry network, before the policy's fine-tune: :mod:`policies.stops` says what each
+field says and trains the run's geometry network on it beside the run's sim frames
+(``finetune.geometry``); the candidate artifact carries the fine-tuned geometry graph. The check
+block then also reads each artifact's planning surface under the fingers of its held-out
+attempts against the measured stops (``check.before.stops``, ``check.after.stops``: median
+and p90 of the error, mm) and the change of the mean error with its interval
+(``check.stop_error_difference``, the same block bootstrap).
+
 Promotion: ``output_dir/artifact/`` (the format ``sim2real-serve`` loads) holds the better of the
 two. The fine-tuned artifact goes there only when the check block shows it better (the AUC
-change's interval above 0, :func:`promotion_decision`); otherwise ``artifact/`` is the run's
-zero-shot artifact, copied unchanged. ``force=true`` promotes it whatever the check says.
+change's interval above 0, or the stop error's below 0) and nowhere worse
+(:func:`promotion_decision`); otherwise ``artifact/`` is the run's zero-shot artifact, copied
+unchanged. ``force=true`` promotes it whatever the check says.
 Either way the fine-tuned artifact is in ``output_dir/candidate/``, ``report.json`` says
 ``promoted`` and ``promotion_reason``, the exit code is 0 and the last line says which was kept.
 
-Writes ``output_dir/artifact/``, ``output_dir/candidate/``, ``output_dir/report.json`` and the
-training's folder ``output_dir/train/``.
+Writes ``output_dir/artifact/``, ``output_dir/candidate/``, ``output_dir/report.json``, the
+training's folder ``output_dir/train/`` and the fine-tuned geometry network
+``output_dir/geometry/geometry.pt``.
 """
 
 from __future__ import annotations
@@ -58,10 +69,22 @@ from perception.core.jsonio import write_json
 from perception.core.outcomes import measured
 from perception.core.preprocess import preprocess, to_network_input
 from perception.core.recording import load_attempts, load_header
+from policies.geometry import GEOMETRY_FORMAT, geometry_net, make_geometry_datasets
 from policies.int8 import Int8Error, add_int8_graphs
+from policies.stops import (
+    StopFrames,
+    StopLabel,
+    finetune_geometry,
+    stop_errors,
+    stop_label,
+    stop_view,
+    surface_at_stops,
+)
+from policies.weights import load_base
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
-           "auc_difference", "Promotion", "promotion_decision", "finetune", "main"]
+           "auc_difference", "stop_error_difference", "Promotion", "promotion_decision", "check_block", "finetune",
+           "main"]
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +217,16 @@ def calibration_curve(scores: Sequence[float], labels: Sequence[bool], bins: int
     return out
 
 
+def _block_starts(n: int, block_attempts: int) -> tuple[int, np.ndarray]:
+    k = max(1, min(int(block_attempts), n))
+    return k, np.arange(n - k + 1)
+
+
+def _block_resample(rng: np.random.Generator, n: int, k: int, starts: np.ndarray) -> np.ndarray:
+    """One moving-block resample of ``n`` indices in runs of ``k`` consecutive ones."""
+    return (rng.choice(starts, size=-(-n // k))[:, None] + np.arange(k)[None, :]).ravel()[:n]
+
+
 def auc_difference(before: Sequence[float], after: Sequence[float], labels: Sequence[bool],
                    block_attempts: int, resamples: int, seed: int = 0) -> dict | None:
     """``after``'s ROC AUC minus ``before``'s on the same attempts, with a 95% interval.
@@ -208,12 +241,12 @@ def auc_difference(before: Sequence[float], after: Sequence[float], labels: Sequ
     auc_b, auc_a = roc_auc(b, y), roc_auc(a, y)
     if auc_b is None or auc_a is None:
         return None
-    n, k = len(y), max(1, min(int(block_attempts), len(y)))
+    n = len(y)
+    k, starts = _block_starts(n, block_attempts)
     rng = np.random.default_rng(seed)
-    starts = np.arange(n - k + 1)
     diffs: list[float] = []
     for _ in range(2 * int(resamples)):
-        idx = (rng.choice(starts, size=-(-n // k))[:, None] + np.arange(k)[None, :]).ravel()[:n]
+        idx = _block_resample(rng, n, k, starts)
         ab, aa = roc_auc(b[idx], y[idx]), roc_auc(a[idx], y[idx])
         if ab is not None and aa is not None:
             diffs.append(aa - ab)
@@ -224,6 +257,24 @@ def auc_difference(before: Sequence[float], after: Sequence[float], labels: Sequ
             "resamples": len(diffs), "block_attempts": k, "attempts": n}
 
 
+def stop_error_difference(before_mm: Sequence[float], after_mm: Sequence[float], block_attempts: int,
+                          resamples: int, seed: int = 0) -> dict | None:
+    """The mean size of the geometry's error at the held-out stops, ``after`` minus ``before`` (mm;
+    below 0: the fine-tuned geometry agrees better with what the robot measured), with a 95%
+    interval from the same moving-block bootstrap as :func:`auc_difference`. ``None`` without stops."""
+    b, a = np.abs(np.asarray(before_mm, dtype=np.float64)), np.abs(np.asarray(after_mm, dtype=np.float64))
+    n = len(b)
+    if n == 0:
+        return None
+    k, starts = _block_starts(n, block_attempts)
+    rng = np.random.default_rng(seed)
+    diffs = [float(a[idx].mean() - b[idx].mean())
+             for idx in (_block_resample(rng, n, k, starts) for _ in range(int(resamples)))]
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return {"difference": float(a.mean() - b.mean()), "interval": [float(lo), float(hi)], "resamples": len(diffs),
+            "block_attempts": k, "attempts": n}
+
+
 class Promotion(NamedTuple):
     """Whether the fine-tuned artifact goes to ``artifact/``, and why (``report.json``)."""
 
@@ -231,13 +282,60 @@ class Promotion(NamedTuple):
     reason: str
 
 
-def promotion_decision(auc_change: dict | None, held_out: bool, force: bool) -> Promotion:
-    """Promote the fine-tuned artifact only when the check block shows it better.
+def _unresolvable(change: dict) -> str | None:
+    """Why a bootstrap change resolves nothing, or ``None``."""
+    if change.get("interval") is None:
+        return "no interval (every bootstrap resample held one class only)"
+    if change["attempts"] <= change["block_attempts"]:
+        # One block covers the whole check block: every resample is the same sequence, so
+        # the "interval" is the point estimate again and resolves nothing.
+        return (f"the check block's {change['attempts']} attempts fit in one bootstrap block of "
+                f"{change['block_attempts']}: no interval it can resolve")
+    return None
+
+
+def _judge_auc(auc_change: dict | None) -> tuple[int, str]:
+    """+1 the AUC change shows the fine-tune better, -1 worse, 0 neither; and what it says."""
+    if auc_change is None:
+        return 0, "the check block holds one class of outcome only (or no attempt): no AUC to compare"
+    why = _unresolvable(auc_change)
+    if why is not None:
+        return 0, why if "one bootstrap block" in why else f"the AUC difference has {why}"
+    d, (lo, hi) = auc_change["difference"], auc_change["interval"]
+    stated = f"AUC difference {d:+.3f}, 95% interval [{lo:+.3f}, {hi:+.3f}]"
+    if lo > 0:
+        return 1, f"the check block shows it better ({stated}, above 0)"
+    if hi < 0:
+        return -1, f"the check block shows it worse ({stated}, below 0)"
+    return 0, f"the check block cannot call it better ({stated} includes 0)"
+
+
+def _judge_stops(stop_change: dict | None) -> tuple[int, str]:
+    """+1 the geometry's error at the held-out stops shown smaller, -1 larger, 0 neither."""
+    if stop_change is None:
+        return 0, "no measured stop in the check block"
+    why = _unresolvable(stop_change)
+    if why is not None:
+        return 0, f"at the measured stops, {why}"
+    d, (lo, hi) = stop_change["difference"], stop_change["interval"]
+    stated = f"mean error {d:+.1f} mm, 95% interval [{lo:+.1f}, {hi:+.1f}] on {stop_change['attempts']} stops"
+    if hi < 0:
+        return 1, f"the geometry agrees better with the measured stops ({stated}, below 0)"
+    if lo > 0:
+        return -1, f"the geometry agrees worse with the measured stops ({stated}, above 0)"
+    return 0, f"the measured stops cannot call the geometry better ({stated} includes 0)"
+
+
+def promotion_decision(auc_change: dict | None, held_out: bool, force: bool,
+                       stop_change: dict | None = None) -> Promotion:
+    """Promote the fine-tuned artifact only when the check block shows it better and nowhere worse.
 
     Better means ``auc_change``'s 95% interval (``check.auc_difference``) lies above 0 on
-    attempts held out of training. A change the check cannot resolve is kept out of
-    ``artifact/``: it is as likely a loss in the cell as a gain (AUC 0.573 -> 0.537, interval
-    across 0, was promoted once and took the cell from 41.4% to 33.8%).
+    attempts held out of training, or, when the geometry was fine-tuned on what the robot
+    measured, ``stop_change``'s (``check.stop_error_difference``, mm) lies below 0; worse, either
+    interval on the other side. A change the check cannot resolve is kept out of ``artifact/``:
+    it is as likely a loss in the cell as a gain (AUC 0.573 -> 0.537, interval across 0, was
+    promoted once and took the cell from 41.4% to 33.8%).
 
     Args:
         auc_change: :func:`auc_difference`'s answer (``difference``, ``interval``,
@@ -245,51 +343,56 @@ def promotion_decision(auc_change: dict | None, held_out: bool, force: bool) -> 
             class of outcome only (or no attempt).
         held_out: the check block's attempts were left out of training.
         force: promote whatever the check says (the reason still says what it said).
+        stop_change: :func:`stop_error_difference`'s answer, or ``None`` (no geometry fine-tune,
+            or no stop in the check block): the AUC alone decides.
 
     Returns:
         ``Promotion(promoted, reason)``.
     """
-    better, reason = False, ""
     if not held_out:
-        reason = "the check block was trained on (too few attempts to hold any out)"
-    elif auc_change is None:
-        reason = "the check block holds one class of outcome only (or no attempt): no AUC to compare"
-    elif auc_change.get("interval") is None:
-        reason = "the AUC difference has no interval (every bootstrap resample held one class only)"
-    elif auc_change["attempts"] <= auc_change["block_attempts"]:
-        # One block covers the whole check block: every resample is the same sequence, so
-        # the "interval" is the point estimate again and resolves nothing.
-        reason = (f"the check block's {auc_change['attempts']} attempts fit in one bootstrap block of "
-                  f"{auc_change['block_attempts']}: no interval it can resolve")
+        better, reason = False, "the check block was trained on (too few attempts to hold any out)"
     else:
-        d, (lo, hi) = auc_change["difference"], auc_change["interval"]
-        stated = f"AUC difference {d:+.3f}, 95% interval [{lo:+.3f}, {hi:+.3f}]"
-        better = lo > 0
-        reason = (f"the check block shows it better ({stated}, above 0)" if better else
-                  f"the check block shows it worse ({stated}, below 0)" if hi < 0 else
-                  f"the check block cannot call it better ({stated} includes 0)")
+        auc, reason = _judge_auc(auc_change)
+        better = auc > 0
+        if stop_change is not None:
+            stops, stop_reason = _judge_stops(stop_change)
+            better = max(auc, stops) > 0 and min(auc, stops) >= 0
+            reason = f"{reason}; {stop_reason}"
     if force and not better:
         return Promotion(True, f"forced (force=true); without it kept out: {reason}")
     return Promotion(better, reason)
 
 
 def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence[np.ndarray],
-                calib: Calibration) -> tuple[dict, list[float]]:
+                calib: Calibration, labels: Sequence[StopLabel | None] = (), tolerance: float = 0.0,
+                footprint_step: float = 0.002) -> tuple[dict, list[float], list[float]]:
     """An artifact on the held-out attempts (``frames``: their raw frames): quality at each
-    recorded grasp against its outcome, and its own answers on those frames (null rate).
-    Returns the summary and the quality at each attempt (for :func:`auc_difference`)."""
+    recorded grasp against its outcome, and its own answers on those frames (null rate); with
+    ``labels`` (:func:`policies.stops.stop_label` per attempt), the surface its decode plans on
+    against what the robot measured (``stops``: :func:`policies.stops.stop_errors`).
+    Returns the summary, the quality at each attempt (for :func:`auc_difference`) and the
+    geometry's error at each measured stop, mm (for :func:`stop_error_difference`)."""
     runner = PolicyRunner(artifact, calib)
-    scores, labels, nulls = [], [], 0
-    for a, raw in zip(attempts, frames):
+    scores, outcomes, nulls = [], [], 0
+    highest, measured_labels = [], []
+    for k, (a, raw) in enumerate(zip(attempts, frames)):
         maps, dec = runner.decide(raw)
         ab, v, u = _label_bin(a, calib, runner.view, runner.meta.angle_bins)
         scores.append(float(maps.quality[ab, v, u]))
-        labels.append(bool(a["outcome"]["success"]))
+        outcomes.append(bool(a["outcome"]["success"]))
         nulls += dec.grasp is None
+        label = labels[k] if k < len(labels) else None
+        if label is not None and maps.surface is not None:
+            highest.append(surface_at_stops(maps.surface, runner.view, calib, label, footprint_step))
+            measured_labels.append(label)
     n = len(attempts)
-    return {"attempts": n, "successes": int(sum(labels)), "auc": roc_auc(scores, labels),
-            "calibration": calibration_curve(scores, labels), "null_rate": nulls / n if n else None,
-            "mean_quality": float(np.mean(scores)) if n else None}, scores
+    summary = {"attempts": n, "successes": int(sum(outcomes)), "auc": roc_auc(scores, outcomes),
+               "calibration": calibration_curve(scores, outcomes), "null_rate": nulls / n if n else None,
+               "mean_quality": float(np.mean(scores)) if n else None}
+    if measured_labels:
+        summary["stops"] = stop_errors(highest, measured_labels, tolerance)
+    errors = [1000 * (h - lab.stop) for h, lab in zip(highest, measured_labels) if lab.stop is not None]
+    return summary, scores, errors
 
 
 def finetune(cfg: DictConfig) -> dict:
@@ -352,6 +455,10 @@ def finetune(cfg: DictConfig) -> dict:
     if run.get("translator"):
         translator = Translator(run["translator"])
     out = Path(str(cfg.output_dir))
+    g = f.geometry
+    geometry = _finetune_geometry(run, p_cfg, train_att, calib, g, out / "geometry", int(cfg.seed))
+    if geometry.get("path"):
+        p_cfg["geometry"] = geometry["path"]  # the candidate's export puts the fine-tuned network in
     summary = train_policy(
         OmegaConf.create({"policy": p_cfg, "seed": int(cfg.seed), "logger": OmegaConf.to_container(cfg.logger)}),
         [run["sim_dataset"]], out / "train", translator=translator, seed=int(cfg.seed),
@@ -362,12 +469,19 @@ def finetune(cfg: DictConfig) -> dict:
     candidate = replace_tree(summary["artifact"], out / "candidate")
     int8 = _int8_like_the_run(run, candidate, calib)
     check_frames = [_read_frame(a) for a in check_att]  # read once for both artifacts
-    before, before_q = check_block(run["artifact"], check_att, check_frames, calib)
-    after, after_q = check_block(candidate, check_att, check_frames, calib)
+    check_labels = [stop_label(a["grasp"], a["outcome"], calib.table_z, float(g.part_between_m), float(g.closed_m))
+                    for a in check_att]
+    kw = {"labels": check_labels, "tolerance": float(g.tolerance_m), "footprint_step": float(g.footprint_step_m)}
+    before, before_q, before_stops = check_block(run["artifact"], check_att, check_frames, calib, **kw)
+    after, after_q, after_stops = check_block(candidate, check_att, check_frames, calib, **kw)
+    block, resamples = int(f.auc_interval.block_attempts), int(f.auc_interval.resamples)
     auc_change = auc_difference(before_q, after_q, [bool(a["outcome"]["success"]) for a in check_att],
-                                int(f.auc_interval.block_attempts), int(f.auc_interval.resamples), int(cfg.seed))
+                                block, resamples, int(cfg.seed))
+    # The stops judge the candidate only when its geometry is not the run's.
+    stop_change = (stop_error_difference(before_stops, after_stops, block, resamples, int(cfg.seed))
+                   if geometry.get("path") else None)
     held_out = bool(set(train_idx.tolist()).isdisjoint(check_idx.tolist()))
-    promotion = promotion_decision(auc_change, held_out, cfg.force)
+    promotion = promotion_decision(auc_change, held_out, cfg.force, stop_change)
     # Not promoted: the run's artifact byte for byte (replace_tree copies beside, then renames).
     artifact = replace_tree(candidate if promotion.promoted else run["artifact"], out / "artifact")
     log.info("finetune: kept the %s artifact in %s: %s", "fine-tuned" if promotion.promoted else "zero-shot",
@@ -378,10 +492,11 @@ def finetune(cfg: DictConfig) -> dict:
         "budget": str(cfg.budget.name), "seed": int(cfg.seed), "calibration": run["calibration"],
         "attempts": {"with_outcome": len(attempts), "successes": int(sum(a["outcome"]["success"] for a in attempts)),
                      "train": len(train_att), "check": len(check_att), "held_out": held_out,
-                     # What the robot measured (CONTRACT.md section 7), read but not yet learnt from: issue 38.
+                     # What the robot measured (CONTRACT.md section 7): labels on the geometry (policies/stops.py).
                      "with_measured": sum(bool(measured(a["outcome"])) for a in attempts),
                      "contact_stops": sum(measured(a["outcome"]).get("contact_stop") is True for a in attempts)},
-        "check": {"before": before, "after": after, "auc_difference": auc_change},
+        "geometry": geometry,
+        "check": {"before": before, "after": after, "auc_difference": auc_change, "stop_error_difference": stop_change},
         "int8": int8,
         "training": {k: summary[k] for k in ("global_step", "train_time_s", "n_train_frames", "metrics")},
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -389,6 +504,32 @@ def finetune(cfg: DictConfig) -> dict:
     }
     write_json(out / "report.json", report)
     return report
+
+
+def _finetune_geometry(run: dict, p_cfg: dict, attempts: Sequence[dict], calib: Calibration, g: Any, out: Path,
+                       seed: int) -> dict:
+    """The run's geometry network fine-tuned on what the robot measured in ``attempts`` beside the
+    run's sim frames (:func:`policies.stops.finetune_geometry`): ``report.json``'s ``geometry``,
+    with ``path`` (the new network's file) when it was, ``reason`` when it was not."""
+    if not g.enabled:
+        return {"finetuned": False, "reason": "finetune.geometry.enabled=false"}
+    if not p_cfg.get("geometry"):
+        return {"finetuned": False, "reason": "the run's policy has no geometry network (policy.geometry=null)"}
+    base = load_base(p_cfg["geometry"], GEOMETRY_FORMAT)
+    stops = StopFrames(attempts, calib, stop_view(base, calib), float(g.part_between_m), float(g.closed_m),
+                       anchor=geometry_net(base) if float(g.anchor_weight) > 0 else None,
+                       anchor_clearance_m=float(g.anchor_clearance_m))
+    if len(stops) == 0:
+        log.info("finetune: no training attempt carries what the robot measured; the geometry stays as it was")
+        return {"finetuned": False, "reason": "no training attempt carries what the robot measured (contact_stop, "
+                                              "fingertip_z, jaw_width)"}
+    # The run's sim frames as rendered (the geometry network's own training domain), with its augmentation.
+    gcfg = {"view_size": base["view_size"], "margin": base["margin"],
+            "augment": (base.get("config") or {}).get("augment")}
+    sim, _, _, _ = make_geometry_datasets([run["sim_dataset"]], gcfg, 0.0, seed)
+    log.info("finetune: the geometry network on %d measured attempts beside %d sim frames", len(stops), len(sim))
+    return {"finetuned": True, "from": str(p_cfg["geometry"]),
+            **finetune_geometry(base, stops, sim, out, OmegaConf.to_container(g, resolve=True), seed)}
 
 
 def _int8_like_the_run(run: dict, artifact: Path, calib: Calibration) -> dict | None:
@@ -435,11 +576,15 @@ def _summary(report: dict) -> str:
         lo, hi = d["interval"]
         verdict = "better" if lo > 0 else "worse" if hi < 0 else "no difference the check block can resolve"
         change = f" ({d['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]: {verdict})"
+    stops = ""
+    if b.get("stops") and a.get("stops") and b["stops"]["stops"]:
+        stops = (f", geometry at {b['stops']['stops']} measured stops {format_number(b['stops']['stop_error_median_mm'])}"
+                 f" -> {format_number(a['stops']['stop_error_median_mm'])} mm median")
     kept = (f"kept the fine-tuned artifact in {report['artifact']}" if report["promoted"] else
             f"kept the zero-shot artifact in {report['artifact']} (the fine-tuned one: {report['candidate']})")
     return (f"fine-tuned on {report['attempts']['train']} attempts, checked on {report['attempts']['check']}: "
             f"AUC {format_number(b['auc'])} -> {format_number(a['auc'])}{change}, "
-            f"null rate {format_number(b['null_rate'])} -> {format_number(a['null_rate'])} ({report['wall_s']:.0f} s)\n"
+            f"null rate {format_number(b['null_rate'])} -> {format_number(a['null_rate'])}{stops} ({report['wall_s']:.0f} s)\n"
             f"{kept}: {report['promotion_reason']}")
 
 

@@ -180,7 +180,9 @@ class GeometryNet(UNet):
         input ``(N, 3, H, W)`` a camera-view image (``kind="camera"``, where a part's edges
         are the image's edges); outputs ``height (N, 1, H, W)``, metres above the table of
         the surface each pixel sees, in ``[0, HEIGHT_MAX]``, and ``object_logits (N, 1, H, W)``,
-        the logit of "this pixel sees a part" (not the table, the bin or the floor).
+        the logit of "this pixel sees a part" (not the table, the bin or the floor);
+        ``height_logits`` the height before its sigmoid (a bound on the height can push it
+        where the sigmoid is flat: :func:`policies.stops.stop_losses`).
     """
 
     def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
@@ -190,7 +192,8 @@ class GeometryNet(UNet):
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         out = self.trunk(x)
-        return {"height": HEIGHT_MAX * torch.sigmoid(out[:, :1]), "object_logits": out[:, 1:2]}
+        return {"height": HEIGHT_MAX * torch.sigmoid(out[:, :1]), "height_logits": out[:, :1],
+                "object_logits": out[:, 1:2]}
 
 
 class GeometryExport(nn.Module):

@@ -40,6 +40,7 @@ __all__ = [
     "base_to_view_pixels",
     "raw_to_view_pixels",
     "view_to_raw_pixels",
+    "view_rays",
     "top_down_max",
     "camera_heights_to_surface",
     "SurfaceRebuild",
@@ -275,6 +276,18 @@ def view_to_raw_pixels(uv: np.ndarray, calib: Calibration, view: NetworkView) ->
     return out.reshape(-1, 2)
 
 
+def view_rays(calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.ndarray]:
+    """The rays of a camera view's pixels in ``B``: the camera centre ``(3,)`` and each pixel's
+    direction ``(H*W, 3)`` (row-major; not normalised: a pixel's point at height ``z`` is
+    ``origin + dirs * (z - origin_z) / dirs_z``)."""
+    if view.is_table:
+        raise ValueError("a table view has no rays (its pixels look straight down)")
+    W, H = view.size
+    vv, uu = np.mgrid[0:H, 0:W]
+    uv1 = np.stack([uu.ravel(), vv.ravel(), np.ones(H * W)], axis=1).astype(np.float64)
+    return calib.T_base_camera[:3, 3].copy(), (uv1 @ np.linalg.inv(view.K).T) @ calib.T_base_camera[:3, :3].T
+
+
 def top_down_max(
     ix: np.ndarray, iy: np.ndarray, z: np.ndarray, labels: np.ndarray, shape: tuple[int, int],
     fill_iterations: int = 1,
@@ -340,12 +353,7 @@ class SurfaceRebuild:
             raise ValueError("the surface rebuild maps a camera view (kind 'camera') onto a top-down view (kind 'table')")
         self.calib, self.camera_view, self.top_view = calib, camera_view, top_view
         self.floor_height, self.fill_iterations = float(floor_height), int(fill_iterations)
-        W, H = camera_view.size
-        vv, uu = np.mgrid[0:H, 0:W]
-        uv1 = np.stack([uu.ravel(), vv.ravel(), np.ones(H * W)], axis=1).astype(np.float64)
-        R = calib.T_base_camera[:3, :3]
-        self._origin = calib.T_base_camera[:3, 3].copy()
-        self._dirs = (uv1 @ np.linalg.inv(camera_view.K).T) @ R.T  # base-frame ray directions
+        self._origin, self._dirs = view_rays(calib, camera_view)
         (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
         m = float(interior_margin)
         Wt, Ht = top_view.size

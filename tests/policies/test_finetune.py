@@ -33,8 +33,9 @@ def calib() -> Calibration:
     return Calibration.load(default_calibration_path())
 
 
-def _record(folder, calib, outcomes, calibration_for_header=None):
-    """A recording of ``len(outcomes)`` attempts on test frames (``None``: no outcome reported)."""
+def _record(folder, calib, outcomes, calibration_for_header=None, measured=None):
+    """A recording of ``len(outcomes)`` attempts on test frames (``None``: no outcome reported),
+    each outcome with ``measured[k]``'s fields when given."""
     from perception.core.imageio import encode_image
 
     rec = Recording(folder, calibration_for_header or calib, source="serve")
@@ -50,7 +51,7 @@ def _record(folder, calib, outcomes, calibration_for_header=None):
                          {"grasp": g.to_dict(), "view_pixel": [float(v) for v in uv[0]], "outcome": None,
                           "calibration_digest": calib.digest()})
         if success is not None:
-            rec.record_outcome(f"{n:06d}", {"success": bool(success)})
+            rec.record_outcome(f"{n:06d}", {"success": bool(success), **(measured[k] if measured else {})})
     rec.close()
     return folder
 
@@ -207,20 +208,19 @@ def _tree(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def zero_shot_run(tmp_path_factory, rendered):
+def _zero_shot_run(root: Path, rendered: Path, geometry: str | None, measured: list[dict] | None = None) -> dict:
     """A run folder as sim2real-pipeline leaves it, as far as sim2real-finetune reads it: a
-    policy trained for one step on the rendered frames (its checkpoint and artifact), the
-    sim frames, the calibration, report.json; and a recording of 8 attempts on its camera."""
+    policy trained for one step on the rendered frames (its checkpoint and artifact, with the
+    ``geometry`` network's graph when given), the sim frames, the calibration, report.json; and
+    a recording of 8 attempts on its camera (their outcomes with ``measured``'s fields)."""
     from omegaconf import OmegaConf
 
     from policies.train import train_policy
     from sim_render.api import compose_config
 
-    root = tmp_path_factory.mktemp("finetune")
     cfg = compose_config("train_policy", [
         "policy.base=null", "policy.view_size=[64,64]", "policy.network.base_channels=8", "policy.batch_size=2",
-        "policy.val_fraction=0.34", "policy.val_every_n_steps=2", "policy.geometry=null",  # one graph to export
+        "policy.val_fraction=0.34", "policy.val_every_n_steps=2", f"policy.geometry={geometry or 'null'}",
     ])
     summary = train_policy(cfg, [rendered], root / "run" / "policy", fast_dev_run=True)
     meta = json.loads((Path(summary["artifact"]) / "metadata.json").read_text())
@@ -231,8 +231,14 @@ def zero_shot_run(tmp_path_factory, rendered):
         "artifact": summary["artifact"], "policy": {"checkpoint": summary["checkpoint"]},
         "sim_dataset": str(rendered), "translator": None, "policy_config": OmegaConf.to_container(cfg.policy),
     }))
-    rec = _record(root / "rec", run_calib, [True, False] * 4)
+    rec = _record(root / "rec", run_calib, [True, False] * 4, measured=measured)
     return {"run": root / "run", "rec": rec, "artifact": Path(summary["artifact"]), "root": root}
+
+
+@pytest.fixture(scope="module")
+def zero_shot_run(tmp_path_factory, rendered):
+    """:func:`_zero_shot_run` without a geometry network: one graph to export."""
+    return _zero_shot_run(tmp_path_factory.mktemp("finetune"), rendered, None)
 
 
 def _finetune(run: dict, name: str, *overrides: str) -> tuple[dict, Path]:
@@ -280,3 +286,35 @@ def test_force_promotes_the_fine_tuned_artifact_anyway(zero_shot_run):
     assert _summary(report).splitlines()[-1].startswith(f"kept the fine-tuned artifact in {out / 'artifact'}")
     with pytest.raises(ValueError, match="force must be true or false"):
         _finetune(zero_shot_run, "bad", "force=yes")
+
+
+@pytest.mark.slow
+def test_measured_stops_fine_tune_the_geometry_and_the_check_reads_them(tmp_path, rendered):
+    """Outcomes with what the robot measured: the candidate carries a fine-tuned geometry graph, the
+    check block reads both artifacts' planning surfaces at the held-out stops, and artifact/ follows
+    the decision."""
+    import hashlib
+
+    def stop(k: int) -> dict:  # stops 1-4 cm above the table, closing on a part every other attempt
+        return {"contact_stop": True, "fingertip_z": 0.01 * (1 + k % 4), "jaw_width": 0.03 if k % 2 else 0.0}
+
+    calib_z = Calibration.load(default_calibration_path()).table_z
+    measured = [{**stop(k), "fingertip_z": calib_z + stop(k)["fingertip_z"]} for k in range(8)]
+    run = _zero_shot_run(tmp_path, rendered, "geometry_base_v2", measured)
+    report, out = _finetune(run, "stops", "budget.finetune.geometry.max_steps=2",
+                            "budget.finetune.geometry.max_time_s=60")
+    g = report["geometry"]
+    assert g["finetuned"] and g["global_step"] == 2 and g["attempts"] == 4 and Path(g["path"]).is_file()
+    digest = hashlib.sha256(Path(g["path"]).read_bytes()).hexdigest()[:16]
+    meta = json.loads((out / "candidate" / "metadata.json").read_text())
+    assert meta["geometry"]["base"]["digest"] == digest  # the fine-tuned network, not the shipped one
+    old = json.loads((run["artifact"] / "metadata.json").read_text())
+    assert meta["geometry"]["onnx_sha256"] != old["geometry"]["onnx_sha256"]
+    for side in ("before", "after"):
+        stops = report["check"][side]["stops"]
+        assert stops["stops"] == 4 and stops["stop_error_median_mm"] >= 0
+    change = report["check"]["stop_error_difference"]
+    assert change["attempts"] == 4 and change["difference"] == pytest.approx(
+        report["check"]["after"]["stops"]["stop_error_mean_mm"] - report["check"]["before"]["stops"]["stop_error_mean_mm"])
+    assert report["promoted"] is False and "measured stops" in report["promotion_reason"]  # 4 stops: one block
+    assert _tree(out / "artifact") == _tree(run["artifact"])
