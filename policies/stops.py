@@ -262,8 +262,8 @@ def _hinge(excess: torch.Tensor) -> torch.Tensor:
 
 
 def stop_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], origin: torch.Tensor,
-                dirs: torch.Tensor, table_z: float, tolerance: float, loss_cfg: Mapping[str, Any],
-                anchor_weight: float = 0.0) -> dict[str, torch.Tensor]:
+                dirs: torch.Tensor, table_z: float, tolerance: float, loss_cfg: Mapping[str, Any], *,
+                anchor_weight: float, between_weight: float) -> dict[str, torch.Tensor]:
     """The measured labels' losses on a batch of :class:`StopFrames` (see the module docstring).
 
     Each bound is a smooth hinge on the height logit (:func:`_hinge`) against the bound's own
@@ -275,6 +275,7 @@ def stop_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], or
         origin: ``(3,)`` the camera centre in ``B``; ``dirs`` ``(H*W, 3)`` the view pixels'
             ray directions in ``B`` (:func:`perception.core.geometry.view_rays`), float64.
         tolerance: metres a measured height is trusted to.
+        between_weight: x the part-between-the-pads term.
         anchor_weight: x the items' own frames held to the network's answer before the fine-tune
             (``anchor_*``, :class:`StopFrames` with ``anchor``) away from the gripper: the geometry
             loss's terms, so that a few hundred labels on one cell's frames move the heights where
@@ -314,11 +315,11 @@ def stop_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], or
         stop = zero
     # A part between the pads: the pixels looking between them at the fingertips see a part, at or above them.
     between = batch["between_mask"].reshape(N, -1)
-    if between.any():
+    if between.any() and between_weight > 0:
         logits = out["object_logits"][:, 0].reshape(N, -1)[between]
         tip = _height_logit(torch.nan_to_num(batch["tip"], nan=0.0) - tolerance)[:, None].expand_as(logit)[between]
-        part = (float(loss_cfg["mask_weight"]) * F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
-                + _hinge(tip - logit[between]).mean())
+        part = between_weight * (float(loss_cfg["mask_weight"]) * F.binary_cross_entropy_with_logits(
+            logits, torch.ones_like(logits)) + _hinge(tip - logit[between]).mean())
     else:
         part = zero
     # The rest of the frame stays what the network saw before (the labels speak of the gripper's place only).
@@ -341,9 +342,10 @@ class GeometryStopModule(GeometryModule):
     """
 
     def __init__(self, network: dict, loss: dict, optim: dict, view: dict, calibration: dict, label_weight: float,
-                 tolerance: float, anchor_weight: float = 0.0) -> None:
+                 tolerance: float, anchor_weight: float, between_weight: float) -> None:
         super().__init__(network=network, loss=loss, optim=optim, view=view, calibration=calibration)
-        self.label_weight, self.tolerance, self.anchor_weight = float(label_weight), float(tolerance), float(anchor_weight)
+        self.label_weight, self.tolerance = float(label_weight), float(tolerance)
+        self.anchor_weight, self.between_weight = float(anchor_weight), float(between_weight)
         calib = Calibration.from_dict(calibration)
         origin, dirs = view_rays(calib, NetworkView.from_dict(view))
         self.table_z = float(calib.table_z)
@@ -353,7 +355,8 @@ class GeometryStopModule(GeometryModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         sim = geometry_losses(self.net(batch["sim"]["image"]), batch["sim"], self.loss_cfg)
         real = stop_losses(self.net(batch["real"]["image"]), batch["real"], self.ray_origin, self.ray_dirs,
-                           self.table_z, self.tolerance, self.loss_cfg, self.anchor_weight)
+                           self.table_z, self.tolerance, self.loss_cfg, anchor_weight=self.anchor_weight,
+                           between_weight=self.between_weight)
         loss = sim["loss"] + self.label_weight * real["loss"]
         n = batch["real"]["image"].shape[0]
         self.log_losses("train", {"loss": loss, "sim_loss": sim["loss"], **{k: v for k, v in real.items() if k != "loss"}},
@@ -379,7 +382,8 @@ def finetune_geometry(base: dict, stops: StopFrames, sim: Dataset, out: Path, gc
         network=base["network"], loss={**dict((base.get("config") or {}).get("loss") or {})},
         optim={**dict(gcfg["optim"]), "max_steps": int(gcfg["max_steps"]), "max_time_s": gcfg.get("max_time_s")},
         view=view.to_dict(), calibration=stops.calib.to_dict(), label_weight=float(gcfg["label_weight"]),
-        tolerance=float(gcfg["tolerance_m"]), anchor_weight=float(gcfg.get("anchor_weight", 0.0)))
+        tolerance=float(gcfg["tolerance_m"]), anchor_weight=float(gcfg["anchor_weight"]),
+        between_weight=float(gcfg["between_weight"]))
     module.net.load_state_dict(base["state_dict"])
     loaders = CombinedLoader(
         {"sim": DataLoader(sim, batch_size=bs, shuffle=True, drop_last=len(sim) >= bs),
