@@ -27,7 +27,13 @@ points (:func:`stop_losses`), all in metres above ``table_z``:
   point, or something higher nearer the camera, so this holds however the scene occludes;
 - *a part between the pads*: the pixels whose ray passes between the pads' centres at the
   fingertips' height see a part, at or above that height (the ray enters the part's top or
-  side before it gets there).
+  side before it gets there). Off by default (``finetune.geometry.between_weight: 0``): the
+  part slides along the closing line before the jaws meet it, and the validation cells report
+  widths near the full opening for jaws held open by a finger on a part; with it the held-out
+  stops' error grew (docs/experiments/2026-12-06-geometry-from-measured-stops.md);
+- *the rest of the frame* is held to the network's own answer before the fine-tune, away from
+  the gripper's reach (``anchor_weight``): a few hundred labels should move the heights where
+  they were measured, not the whole cell's.
 
 :func:`finetune_geometry` trains on them beside the run's sim frames (their ordinary
 geometry loss, so that the sim training is not forgotten); :func:`surface_at_stops` is the
