@@ -149,13 +149,16 @@ def test_measured_outcome_fields_are_stored_as_given_and_malformed_ones_store_no
     stored = load_attempts(recording_server.record_dir)[0]["outcome"]
     assert stored == {"source": "http", **{k: v for k, v in given.items() if k != "attempt_id"}}
     assert isinstance(stored["jaw_width"], int)
+    # A jaw closed on nothing reads a little below 0 (the validation cells send such widths): a reading, kept as given.
+    assert _outcome(url, {"attempt_id": attempt, "success": False, "jaw_width": -0.00012}).status_code == 200
+    assert load_attempts(recording_server.record_dir)[0]["outcome"]["jaw_width"] == -0.00012
     # null is "not known": kept as null.
     assert _outcome(url, {"attempt_id": attempt, "success": True, "fingertip_z": None}).status_code == 200
     size = outcomes.stat().st_size
     malformed = [
         {"contact_stop": "yes"}, {"contact_stop": 1}, {"fingertip_z": "0.04"}, {"fingertip_z": True},
         {"fingertip_z": table_z - 0.051}, {"fingertip_z": table_z + 1.001}, {"fingertip_z": 10 ** 400},
-        {"jaw_width": -0.001}, {"jaw_width": 0.1001}, {"jaw_width": [0.03]},
+        {"jaw_width": -0.0051}, {"jaw_width": 0.1001}, {"jaw_width": [0.03]},
     ]
     for fields in malformed:
         r = _outcome(url, {"attempt_id": attempt, "success": True, **fields})
