@@ -10,7 +10,7 @@ them (``finetune.check_fraction``, ``finetune.guard_attempts``); the run's geome
 fine-tuned on the training block's labels beside the run's sim frames for ``--steps`` steps
 (a step count, not a time, so that runs compare on a busy machine), with ``finetune.geometry``'s
 settings and ``--set`` overrides of them (``label_weight=0.3``, ``optim.lr=1e-4``,
-``part_between_m=1.0`` to leave the jaw labels out). Before and after, the planning surface (the
+``between_weight=1.0`` to use the part-between-the-pads labels). Before and after, the planning surface (the
 rebuilt top-down surface the decode plans on, float graphs) is read under the footprints of each
 attempt and compared with what was measured (:func:`policies.stops.stop_errors`), on the check
 block and on the training block. The last stdout line is one JSON object.
@@ -34,7 +34,7 @@ from perception.core.calibration import Calibration  # noqa: E402
 from perception.core.geometry import SurfaceRebuild  # noqa: E402
 from perception.core.imageio import read_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
-from policies.finetune import load_labelled_attempts, split_blocks  # noqa: E402
+from policies.finetune import _rebased, load_labelled_attempts, split_blocks  # noqa: E402
 from policies.geometry import GEOMETRY_FORMAT, geometry_net, make_geometry_datasets  # noqa: E402
 from policies.stops import StopFrames, finetune_geometry, stop_errors, stop_label, stop_view, surface_at_stops  # noqa: E402
 from policies.weights import load_base  # noqa: E402
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=160, help="fine-tune steps (default 160)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a finetune.geometry setting (optim.lr=1e-4, label_weight=0.3, part_between_m=1.0)")
+                    help="a finetune.geometry setting (optim.lr=1e-4, label_weight=0.3, between_weight=1.0)")
     ap.add_argument("--out", type=Path, default=None, help="where the fine-tuned network goes (default: RUN/stops_benchmark)")
     args = ap.parse_args(argv)
     report_path = args.run / "report.json"
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose_config("finetune", [f"finetune.geometry.{kv}" for kv in args.set])
     g = OmegaConf.to_container(cfg.finetune.geometry, resolve=True)
     g.update({"max_steps": int(args.steps), "max_time_s": None})
-    run = json.loads(report_path.read_text())
+    run = _rebased(json.loads(report_path.read_text()), args.run)  # a run folder moved or copied
     calib = Calibration.load(run["calibration"])
     attempts = load_labelled_attempts(args.recording, calib)
     train_idx, check_idx = split_blocks(len(attempts), float(cfg.finetune.check_fraction),

@@ -30,8 +30,8 @@ and p90 of the error, mm) and the change of the mean error with its interval
 
 Promotion: ``output_dir/artifact/`` (the format ``sim2real-serve`` loads) holds the better of the
 two. The fine-tuned artifact goes there only when the check block shows it better (the AUC
-change's interval above 0, or the stop error's below 0) and nowhere worse
-(:func:`promotion_decision`); otherwise ``artifact/`` is the run's zero-shot artifact, copied
+change's interval above 0) and its geometry not worse (the stop error's interval not above 0,
+:func:`promotion_decision`); otherwise ``artifact/`` is the run's zero-shot artifact, copied
 unchanged. ``force=true`` promotes it whatever the check says.
 Either way the fine-tuned artifact is in ``output_dir/candidate/``, ``report.json`` says
 ``promoted`` and ``promotion_reason``, the exit code is 0 and the last line says which was kept.
@@ -331,9 +331,10 @@ def promotion_decision(auc_change: dict | None, held_out: bool, force: bool,
     """Promote the fine-tuned artifact only when the check block shows it better and nowhere worse.
 
     Better means ``auc_change``'s 95% interval (``check.auc_difference``) lies above 0 on
-    attempts held out of training, or, when the geometry was fine-tuned on what the robot
-    measured, ``stop_change``'s (``check.stop_error_difference``, mm) lies below 0; worse, either
-    interval on the other side. A change the check cannot resolve is kept out of ``artifact/``:
+    attempts held out of training; when the geometry was fine-tuned on what the robot measured,
+    ``stop_change``'s (``check.stop_error_difference``, mm) must not lie above 0 (the geometry
+    shown worse) either. A geometry shown better does not promote the candidate by itself: the
+    candidate carries the fine-tuned policy too. A change the check cannot resolve is kept out of ``artifact/``:
     it is as likely a loss in the cell as a gain (AUC 0.573 -> 0.537, interval across 0, was
     promoted once and took the cell from 41.4% to 33.8%).
 
@@ -355,8 +356,11 @@ def promotion_decision(auc_change: dict | None, held_out: bool, force: bool,
         auc, reason = _judge_auc(auc_change)
         better = auc > 0
         if stop_change is not None:
+            # The candidate carries the fine-tuned policy and geometry together: a geometry shown
+            # better cannot carry a policy the check could not call better (AUC 0.573 -> 0.537 once
+            # took a cell from 41.4% to 33.8%), so the stops can keep a candidate out, not bring one in.
             stops, stop_reason = _judge_stops(stop_change)
-            better = max(auc, stops) > 0 and min(auc, stops) >= 0
+            better = auc > 0 and stops >= 0
             reason = f"{reason}; {stop_reason}"
     if force and not better:
         return Promotion(True, f"forced (force=true); without it kept out: {reason}")
@@ -382,8 +386,10 @@ def check_block(artifact: str | Path, attempts: Sequence[dict], frames: Sequence
         outcomes.append(bool(a["outcome"]["success"]))
         nulls += dec.grasp is None
         label = labels[k] if k < len(labels) else None
-        if label is not None and maps.surface is not None:
-            highest.append(surface_at_stops(maps.surface, runner.view, calib, label, footprint_step))
+        top = (surface_at_stops(maps.surface, runner.view, calib, label, footprint_step)
+               if label is not None and maps.surface is not None else None)
+        if top is not None:  # None: the footprints lie outside the planning surface
+            highest.append(top)
             measured_labels.append(label)
     n = len(attempts)
     summary = {"attempts": n, "successes": int(sum(outcomes)), "auc": roc_auc(scores, outcomes),
@@ -418,6 +424,17 @@ def finetune(cfg: DictConfig) -> dict:
     config_number(f, "max_time_s", float, lo=0, lo_open=True)
     if not isinstance(cfg.force, bool):
         raise ValueError(f"force must be true or false, got {cfg.force!r}")
+    for key, kind, lo in (("label_weight", float, 0.0), ("tolerance_m", float, 0.0), ("anchor_weight", float, 0.0),
+                          ("between_weight", float, 0.0), ("batch_size", int, 1), ("max_steps", int, 1)):
+        try:
+            config_number(f.geometry, key, kind, lo=lo)
+        except ValueError as exc:
+            raise ValueError(f"finetune.geometry.{exc}") from None
+    if f.geometry.max_time_s is not None:
+        try:
+            config_number(f.geometry, "max_time_s", float, lo=0, lo_open=True)
+        except ValueError as exc:
+            raise ValueError(f"finetune.geometry.{exc} (null: no time limit)") from None
     for key in ("block_attempts", "resamples"):
         try:
             config_number(f.auc_interval, key, int, lo=1)

@@ -418,15 +418,15 @@ def finetune_geometry(base: dict, stops: StopFrames, sim: Dataset, out: Path, gc
 
 
 def surface_at_stops(surface: np.ndarray, top_view: NetworkView, calib: Calibration, label: StopLabel,
-                     step: float) -> float:
+                     step: float) -> float | None:
     """The highest point of a top-down ``surface`` (metres above ``table_z``, the decode's) under the
-    label's footprints (and the band between them when it was swept): what the geometry says the
-    fingers would have met."""
+    label's footprints (and, for a full descent whose jaws closed on nothing, the band between them):
+    what the geometry says the fingers would have met; ``None`` when no footprint point lies in the view."""
     pts = footprint_points(label, step, swept=label.swept and label.stop is None)
     uv = np.rint(base_to_view_pixels(np.c_[pts, np.zeros(len(pts))], calib, top_view)).astype(int)
     W, H = top_view.size
     ok = (uv[:, 0] >= 0) & (uv[:, 0] < W) & (uv[:, 1] >= 0) & (uv[:, 1] < H)
-    return float(surface[uv[ok, 1], uv[ok, 0]].max()) if ok.any() else 0.0
+    return float(surface[uv[ok, 1], uv[ok, 0]].max()) if ok.any() else None
 
 
 def stop_errors(highest: Sequence[float], labels: Sequence[StopLabel], tolerance: float) -> dict:

@@ -286,6 +286,8 @@ def test_force_promotes_the_fine_tuned_artifact_anyway(zero_shot_run):
     assert _summary(report).splitlines()[-1].startswith(f"kept the fine-tuned artifact in {out / 'artifact'}")
     with pytest.raises(ValueError, match="force must be true or false"):
         _finetune(zero_shot_run, "bad", "force=yes")
+    with pytest.raises(ValueError, match="finetune.geometry.max_time_s"):  # 0 is not "no limit": null is
+        _finetune(zero_shot_run, "bad", "budget.finetune.geometry.max_time_s=0")
 
 
 @pytest.mark.slow
