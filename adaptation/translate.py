@@ -27,6 +27,7 @@ from torch import nn
 
 from adaptation.images import IMAGE_SUFFIXES, RealFramesError, read_rgb
 from adaptation.networks import build
+from perception.core.atomic import atomic_write
 from perception.core.calibration import load_calibration
 from perception.core.cli import compose_config, config_number
 from perception.core.geometry import NetworkView, network_view
@@ -96,9 +97,8 @@ def save_generator(state: dict, meta: dict, out_dir: str | Path) -> Path:
 
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "generator.pt.tmp"
-    torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, tmp)
-    tmp.replace(d / "generator.pt")
+    weights = {k: v.detach().cpu().clone() for k, v in state.items()}
+    atomic_write(d / "generator.pt", lambda fh: torch.save(weights, fh))
     write_json(d / "generator.json", meta, indent=2)
     return d / "generator.pt"
 

@@ -27,6 +27,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from conf import to_plain
+from perception.core.atomic import atomic_write
 from perception.core.calibration import Calibration, CalibrationError, load_calibration
 from perception.core.cli import run_hydra_command
 from perception.core.jsonio import write_json
@@ -181,9 +182,7 @@ def _train_geometry_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s:
     name = str(cfg.geometry.name)
     saved = torch.load(g["path"], map_location="cpu", weights_only=True)
     target = out / f"{name}.pt"
-    tmp = target.with_suffix(".pt.tmp")
-    torch.save({**saved, "name": name, "data": data}, str(tmp))
-    tmp.replace(target)
+    atomic_write(target, lambda fh: torch.save({**saved, "name": name, "data": data}, fh))
     info = {"name": name, "data": data, **{k: v for k, v in g.items() if k != "path"}}
     write_json(out / f"{name}.json", info)
     return {"base": str(target), **info}
@@ -214,9 +213,7 @@ def _train_policy_base(cfg: DictConfig, out: Path, dirs: list[Path], render_s: f
         "config": pcfg,
     }
     target = out / f"{cfg.name}.pt"
-    tmp = target.with_suffix(".pt.tmp")
-    torch.save({"format": BASE_FORMAT, "state_dict": state, **info}, str(tmp))
-    tmp.replace(target)
+    atomic_write(target, lambda fh: torch.save({"format": BASE_FORMAT, "state_dict": state, **info}, fh))
     write_json(out / f"{cfg.name}.json", info)
     return {"base": str(target), **info}
 

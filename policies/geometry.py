@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from adaptation.progress import trainer_progress
 from conf import to_plain
+from perception.core.atomic import atomic_write
 from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView, make_view
 from perception.core.jsonio import write_json
@@ -366,8 +367,7 @@ def train_geometry(
         "device": str(module.device), "config": g,
     }
     path = out / "geometry.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save({**info, "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}}, str(tmp))
-    tmp.replace(path)
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    atomic_write(path, lambda fh: torch.save({**info, "state_dict": state}, fh))
     write_json(out / "geometry.json", info)
     return {"path": str(path), **info}

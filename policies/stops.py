@@ -59,6 +59,7 @@ from pytorch_lightning.utilities.combined_loader import CombinedLoader
 from torch.utils.data import DataLoader, Dataset
 
 from adaptation.progress import trainer_progress
+from perception.core.atomic import atomic_write
 from perception.core.calibration import Calibration
 from perception.core.frames import GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_HALF_THICKNESS, MIN_TIP_CLEARANCE
 from perception.core.geometry import NetworkView, base_to_view_pixels, view_rays
@@ -408,11 +409,9 @@ def finetune_geometry(base: dict, stops: StopFrames, sim: Dataset, out: Path, gc
     info.update({"format": GEOMETRY_FORMAT, "finetuned": {
         "from": (base.get("config") or {}).get("name"), "attempts": len(stops), "global_step": int(trainer.global_step),
         "train_time_s": round(time.perf_counter() - t0, 1), "label_weight": float(gcfg["label_weight"])}})
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "geometry.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save({**info, "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}}, str(tmp))
-    tmp.replace(path)
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    atomic_write(path, lambda fh: torch.save({**info, "state_dict": state}, fh))
     return {"path": str(path), "global_step": int(trainer.global_step),
             "train_time_s": info["finetuned"]["train_time_s"], "attempts": len(stops)}
 
