@@ -34,9 +34,9 @@ from perception.core.calibration import Calibration  # noqa: E402
 from perception.core.geometry import SurfaceRebuild  # noqa: E402
 from perception.core.imageio import read_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
-from policies.finetune import _rebased, load_labelled_attempts, split_blocks  # noqa: E402
-from policies.geometry import GEOMETRY_FORMAT, geometry_net, make_geometry_datasets  # noqa: E402
-from policies.stops import StopFrames, finetune_geometry, stop_errors, stop_label, stop_view, surface_at_stops  # noqa: E402
+from policies.finetune import _rebased, finetune_run_geometry, load_labelled_attempts, split_blocks  # noqa: E402
+from policies.geometry import GEOMETRY_FORMAT, geometry_net  # noqa: E402
+from policies.stops import stop_errors, stop_label, surface_at_stops  # noqa: E402
 from policies.weights import load_base  # noqa: E402
 from sim_render.api import compose_config  # noqa: E402
 
@@ -98,14 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     zero_shot = geometry_net(base)
     before = {"check": _judge(zero_shot, check, runner, rebuild, calib, g),
               "train": _judge(zero_shot, train, runner, rebuild, calib, g)}
-    view = stop_view(base, calib)
-    stops = StopFrames([attempts[i] for i in train_idx], calib, view, **rules,
-                       anchor=zero_shot if float(g["anchor_weight"]) > 0 else None,
-                       anchor_clearance_m=float(g["anchor_clearance_m"]))
-    sim, _, _, _ = make_geometry_datasets([run["sim_dataset"]], {"view_size": base["view_size"], "margin": base["margin"],
-                                          "augment": (base.get("config") or {}).get("augment")}, 0.0, args.seed)
     t0 = time.perf_counter()
-    res = finetune_geometry(base, stops, sim, args.out or args.run / "stops_benchmark", g, args.seed)
+    # sim2real-finetune's own geometry stage, on the training block.
+    res = finetune_run_geometry(run, {"geometry": name}, [attempts[i] for i in train_idx], calib, OmegaConf.create(g),
+                                args.out or args.run / "stops_benchmark", args.seed)
+    if not res.get("path"):
+        print(f"no geometry fine-tune: {res['reason']}", file=sys.stderr)
+        return 2
     tuned = geometry_net(load_base(res["path"], GEOMETRY_FORMAT))
     after = {"check": _judge(tuned, check, runner, rebuild, calib, g),
              "train": _judge(tuned, train, runner, rebuild, calib, g)}

@@ -38,7 +38,7 @@ from perception.core.calibration import Calibration
 from perception.core.geometry import NetworkView
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD
 from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
-from policies.geometry import geometry_net, geometry_view
+from policies.geometry import base_view, geometry_net
 from policies.networks import ExportWrapper, GeometryExport, GraspNet
 
 __all__ = ["export_artifact", "export_onnx", "export_graph", "graph_max_diff", "onnx_torch_max_diff", "code_version", "ExportError", "ONNX_FILE"]
@@ -161,7 +161,7 @@ def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify
 
     base = geometry["base"]
     net = geometry_net(base)
-    view = geometry_view(calibration, {"view_size": base["view_size"], "margin": base["margin"]})
+    view = base_view(base, calibration)
     wrapper = GeometryExport(net)
     export_graph(wrapper, tmp / GEOMETRY_ONNX_FILE, view.size, GEOMETRY_OUTPUT_NAMES)
     w, h = view.size

@@ -69,7 +69,7 @@ from perception.core.jsonio import write_json
 from perception.core.outcomes import measured
 from perception.core.preprocess import preprocess, to_network_input
 from perception.core.recording import load_attempts, load_header
-from policies.geometry import GEOMETRY_FORMAT, geometry_net, make_geometry_datasets
+from policies.geometry import GEOMETRY_FORMAT, base_view, geometry_net, make_geometry_datasets
 from policies.int8 import Int8Error, add_int8_graphs
 from policies.stops import (
     StopFrames,
@@ -77,13 +77,13 @@ from policies.stops import (
     finetune_geometry,
     stop_errors,
     stop_label,
-    stop_view,
     surface_at_stops,
 )
 from policies.weights import load_base
 
 __all__ = ["RealAttempts", "load_labelled_attempts", "split_blocks", "roc_auc", "calibration_curve",
-           "auc_difference", "stop_error_difference", "Promotion", "promotion_decision", "check_block", "finetune",
+           "auc_difference", "stop_error_difference", "Promotion", "promotion_decision", "check_block",
+           "finetune_run_geometry", "finetune",
            "main"]
 
 log = logging.getLogger(__name__)
@@ -473,7 +473,7 @@ def finetune(cfg: DictConfig) -> dict:
         translator = Translator(run["translator"])
     out = Path(str(cfg.output_dir))
     g = f.geometry
-    geometry = _finetune_geometry(run, p_cfg, train_att, calib, g, out / "geometry", int(cfg.seed))
+    geometry = finetune_run_geometry(run, p_cfg, train_att, calib, g, out / "geometry", int(cfg.seed))
     if geometry.get("path"):
         p_cfg["geometry"] = geometry["path"]  # the candidate's export puts the fine-tuned network in
     summary = train_policy(
@@ -523,7 +523,7 @@ def finetune(cfg: DictConfig) -> dict:
     return report
 
 
-def _finetune_geometry(run: dict, p_cfg: dict, attempts: Sequence[dict], calib: Calibration, g: Any, out: Path,
+def finetune_run_geometry(run: dict, p_cfg: dict, attempts: Sequence[dict], calib: Calibration, g: Any, out: Path,
                        seed: int) -> dict:
     """The run's geometry network fine-tuned on what the robot measured in ``attempts`` beside the
     run's sim frames (:func:`policies.stops.finetune_geometry`): ``report.json``'s ``geometry``,
@@ -533,7 +533,7 @@ def _finetune_geometry(run: dict, p_cfg: dict, attempts: Sequence[dict], calib: 
     if not p_cfg.get("geometry"):
         return {"finetuned": False, "reason": "the run's policy has no geometry network (policy.geometry=null)"}
     base = load_base(p_cfg["geometry"], GEOMETRY_FORMAT)
-    stops = StopFrames(attempts, calib, stop_view(base, calib), float(g.part_between_m), float(g.closed_m),
+    stops = StopFrames(attempts, calib, base_view(base, calib), float(g.part_between_m), float(g.closed_m),
                        anchor=geometry_net(base) if float(g.anchor_weight) > 0 else None,
                        anchor_clearance_m=float(g.anchor_clearance_m))
     if len(stops) == 0:

@@ -54,7 +54,7 @@ from policies.weights import load_base
 from sim_render.format import SEG_FIRST_OBJECT
 from sim_render.reader import SimFrameDataset
 
-__all__ = ["GeometryFrames", "geometry_item", "GeometryModule", "geometry_net", "load_geometry_net", "geometry_losses", "geometry_errors", "geometry_view",
+__all__ = ["GeometryFrames", "geometry_item", "GeometryModule", "geometry_net", "load_geometry_net", "base_view", "geometry_losses", "geometry_errors", "geometry_view",
            "make_geometry_datasets", "train_geometry", "GEOMETRY_FORMAT"]
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,11 @@ GEOMETRY_FORMAT = "sim2real-grasp-geometry-base"
 def geometry_view(calib: Calibration, gcfg: dict | DictConfig) -> NetworkView:
     """The camera view the geometry network sees, built on ``calib`` from ``geometry.view_size`` and ``geometry.margin``."""
     return make_view(calib, tuple(int(v) for v in gcfg["view_size"]), "camera", margin=float(gcfg["margin"]))
+
+
+def base_view(data: dict, calib: Calibration) -> NetworkView:
+    """The camera view a geometry file's network sees on ``calib`` (its ``view_size`` and ``margin``)."""
+    return geometry_view(calib, {"view_size": data["view_size"], "margin": data["margin"]})
 
 
 def geometry_net(data: dict) -> GeometryNet:

@@ -66,11 +66,11 @@ from perception.core.geometry import NetworkView, base_to_view_pixels, view_rays
 from perception.core.imageio import read_image
 from perception.core.outcomes import measured
 from perception.core.preprocess import preprocess, to_network_input
-from policies.geometry import GEOMETRY_FORMAT, GeometryModule, geometry_losses, geometry_view
+from policies.geometry import GEOMETRY_FORMAT, GeometryModule, geometry_losses
 from policies.networks import HEIGHT_MAX
 
 __all__ = ["StopLabel", "stop_label", "in_region", "footprint_points", "StopFrames", "stop_losses",
-           "GeometryStopModule", "finetune_geometry", "stop_view", "surface_at_stops", "stop_errors"]
+           "GeometryStopModule", "finetune_geometry", "surface_at_stops", "stop_errors"]
 
 log = logging.getLogger(__name__)
 
@@ -443,8 +443,3 @@ def stop_errors(highest: Sequence[float], labels: Sequence[StopLabel], tolerance
             "stop_error_p90_mm": float(np.percentile(a, 90)) if len(a) else None,
             "stop_error_signed_median_mm": float(np.median(err)) if err else None,
             "bounds": len(over), "bound_violations": int(sum(o > 1000 * tolerance for o in over))}
-
-
-def stop_view(base: dict, calib: Calibration) -> NetworkView:
-    """The camera view a geometry file's network sees on ``calib``."""
-    return geometry_view(calib, {"view_size": base["view_size"], "margin": base["margin"]})

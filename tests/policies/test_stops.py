@@ -13,7 +13,7 @@ from perception.core.geometry import view_rays
 from perception.core.imageio import encode_image
 from policies.data import split_by_scene
 from policies.finetune import promotion_decision, stop_error_difference
-from policies.geometry import GEOMETRY_FORMAT, geometry_net, make_geometry_datasets
+from policies.geometry import GEOMETRY_FORMAT, base_view, geometry_net, make_geometry_datasets
 from policies.stops import (
     StopFrames,
     finetune_geometry,
@@ -21,7 +21,6 @@ from policies.stops import (
     in_region,
     stop_errors,
     stop_label,
-    stop_view,
 )
 from policies.weights import load_base
 from sim_render.reader import SimFrameDataset
@@ -115,7 +114,7 @@ def twin(rendered, tmp_path_factory):
     _, held_out = split_by_scene(frames, HELD_OUT, 0)
     (folder / "f.png").write_bytes(encode_image(np.asarray(frames[int(held_out[0])]["rgb"]), "png"))
     base = load_base("geometry_base_v2", GEOMETRY_FORMAT)
-    view = stop_view(base, calib)
+    view = base_view(base, calib)
     return {"calib": calib, "dir": folder, "base": base, "view": view, "net": geometry_net,
             "rays": view_rays(calib, view), "rendered": rendered}
 
