@@ -34,7 +34,13 @@ from perception.core.calibration import Calibration  # noqa: E402
 from perception.core.geometry import SurfaceRebuild  # noqa: E402
 from perception.core.imageio import read_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
-from policies.finetune import _rebased, finetune_run_geometry, load_labelled_attempts, split_blocks  # noqa: E402
+from policies.finetune import (  # noqa: E402
+    FinetuneError,
+    _rebased,
+    finetune_run_geometry,
+    load_labelled_attempts,
+    split_blocks,
+)
 from policies.geometry import GEOMETRY_FORMAT, geometry_net  # noqa: E402
 from policies.stops import stop_errors, stop_label, surface_at_stops  # noqa: E402
 from policies.weights import load_base  # noqa: E402
@@ -76,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     g.update({"max_steps": int(args.steps), "max_time_s": None})
     run = _rebased(json.loads(report_path.read_text()), args.run)  # a run folder moved or copied
     calib = Calibration.load(run["calibration"])
-    attempts = load_labelled_attempts(args.recording, calib)
+    try:
+        attempts = load_labelled_attempts(args.recording, calib)
+    except FinetuneError as exc:
+        print(f"--recording: {exc}", file=sys.stderr)
+        return 2
     train_idx, check_idx = split_blocks(len(attempts), float(cfg.finetune.check_fraction),
                                         int(cfg.finetune.guard_attempts))
     name = (run.get("policy_config") or run["config"]["policy"]).get("geometry")
