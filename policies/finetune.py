@@ -426,20 +426,14 @@ def finetune(cfg: DictConfig) -> dict:
         raise ValueError(f"force must be true or false, got {cfg.force!r}")
     for key, kind, lo in (("label_weight", float, 0.0), ("tolerance_m", float, 0.0), ("anchor_weight", float, 0.0),
                           ("between_weight", float, 0.0), ("batch_size", int, 1), ("max_steps", int, 1)):
-        try:
-            config_number(f.geometry, key, kind, lo=lo)
-        except ValueError as exc:
-            raise ValueError(f"finetune.geometry.{exc}") from None
+        config_number(f.geometry, key, kind, lo=lo, prefix="finetune.geometry.")
     if f.geometry.max_time_s is not None:
         try:
-            config_number(f.geometry, "max_time_s", float, lo=0, lo_open=True)
+            config_number(f.geometry, "max_time_s", float, lo=0, lo_open=True, prefix="finetune.geometry.")
         except ValueError as exc:
-            raise ValueError(f"finetune.geometry.{exc} (null: no time limit)") from None
+            raise ValueError(f"{exc} (null: no time limit)") from None
     for key in ("block_attempts", "resamples"):
-        try:
-            config_number(f.auc_interval, key, int, lo=1)
-        except ValueError as exc:
-            raise ValueError(f"finetune.auc_interval.{exc}") from None
+        config_number(f.auc_interval, key, int, lo=1, prefix="finetune.auc_interval.")
     try:
         run = json.loads((run_dir / "report.json").read_text())
         missing = [k for k in ("calibration", "artifact", "policy") if k not in run]

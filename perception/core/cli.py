@@ -274,8 +274,10 @@ class _open_struct:
 
 
 def config_number(cfg, key: str, kind: type = float, lo: float | None = None, hi: float | None = None,
-                  lo_open: bool = False):
+                  lo_open: bool = False, prefix: str = ""):
     """``cfg[key]`` as a finite ``int`` or ``float`` within ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``).
+
+    ``prefix``: where ``cfg`` sits in the whole config (``"finetune.geometry."``), for the message.
 
     Raises:
         ValueError: the message names the key, the value and the range.
@@ -283,17 +285,18 @@ def config_number(cfg, key: str, kind: type = float, lo: float | None = None, hi
 
     value = cfg[key] if key in cfg else None
     what = "a whole number" if kind is int else "a number"
+    name = f"{prefix}{key}"
     try:
         num = float(value)
         if not math.isfinite(num) or (kind is int and not num.is_integer()):
             raise ValueError
     except (TypeError, ValueError):
-        raise ValueError(f"{key} must be {what}, got {value!r}") from None
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
     num = kind(num)
     if lo is not None and (num <= lo if lo_open else num < lo):
-        raise ValueError(f"{key} must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
     if hi is not None and num > hi:
-        raise ValueError(f"{key} must be <= {hi:g}, got {value!r}")
+        raise ValueError(f"{name} must be <= {hi:g}, got {value!r}")
     return num
 
 
