@@ -36,9 +36,9 @@ from perception.core.imageio import read_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
 from policies.finetune import (  # noqa: E402
     FinetuneError,
-    _rebased,
     finetune_run_geometry,
     load_labelled_attempts,
+    rebased_run,
     split_blocks,
 )
 from policies.geometry import GEOMETRY_FORMAT, geometry_net  # noqa: E402
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose_config("finetune", [f"finetune.geometry.{kv}" for kv in args.set])
     g = OmegaConf.to_container(cfg.finetune.geometry, resolve=True)
     g.update({"max_steps": int(args.steps), "max_time_s": None})
-    run = _rebased(json.loads(report_path.read_text()), args.run)  # a run folder moved or copied
+    run = rebased_run(json.loads(report_path.read_text()), args.run)  # a run folder moved or copied
     calib = Calibration.load(run["calibration"])
     try:
         attempts = load_labelled_attempts(args.recording, calib)

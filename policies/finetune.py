@@ -439,7 +439,7 @@ def finetune(cfg: DictConfig) -> dict:
         missing = [k for k in ("calibration", "artifact", "policy") if k not in run]
         if missing or "checkpoint" not in run["policy"]:
             raise KeyError(", ".join(missing) or "policy.checkpoint")
-        run = _rebased(run, run_dir)
+        run = rebased_run(run, run_dir)
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise FinetuneError(f"{run_dir}/report.json is not a sim2real-pipeline report ({type(exc).__name__}: "
                             f"{exc})") from None
@@ -558,7 +558,7 @@ def _int8_like_the_run(run: dict, artifact: Path, calib: Calibration) -> dict | 
         return None
 
 
-def _rebased(run: dict, run_dir: Path) -> dict:
+def rebased_run(run: dict, run_dir: Path) -> dict:
     """The run's paths, moved with its folder: a path under the output_dir it was written in
     that no longer exists is looked up under ``run_dir`` (a run folder can be copied or moved)."""
     old = Path(str((run.get("config") or {}).get("output_dir") or run_dir))

@@ -155,7 +155,7 @@ def test_a_moved_run_folder_is_read_from_its_new_place_real_frames_included(tmp_
     """A run folder copied elsewhere: its paths under the old output_dir that no longer exist
     (the artifact, the checkpoint, the stand-in real frames the int8 ranges come from) are
     read from the new folder; a path that still exists, or lies outside it, is kept."""
-    from policies.finetune import _rebased
+    from policies.finetune import rebased_run
 
     old, new = tmp_path / "gone", tmp_path / "moved"
     (new / "stages" / "real-1" / "frames").mkdir(parents=True)
@@ -163,7 +163,7 @@ def test_a_moved_run_folder_is_read_from_its_new_place_real_frames_included(tmp_
     run = {"config": {"output_dir": str(old)}, "artifact": str(old / "artifact"),
            "real_dir": str(old / "stages" / "real-1" / "frames"), "calibration": str(tmp_path / "elsewhere"),
            "sim_dataset": "/nowhere/sim", "translator": None, "policy": {"checkpoint": str(old / "p.ckpt")}}
-    moved = _rebased(run, new)
+    moved = rebased_run(run, new)
     assert moved["real_dir"] == str(new / "stages" / "real-1" / "frames")
     assert moved["artifact"] == str(new / "artifact") and moved["policy"]["checkpoint"] == str(new / "p.ckpt")
     assert moved["calibration"] == str(tmp_path / "elsewhere") and moved["sim_dataset"] == "/nowhere/sim"
