@@ -80,6 +80,7 @@ from perception.core.refine import (  # noqa: E402
     perturb,
     pose_change,
     refine_pose,
+    workspace_shift_mm,
 )
 from perception.robot.calibrate import main as calibrate  # noqa: E402
 from policies.evaluate import wilson_interval  # noqa: E402
@@ -146,31 +147,12 @@ def fit_cell(args: tuple[dict, int, int, str, bool]) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-#: The workspace error's points: a grid over the workspace at these heights above the table (m).
-WORKSPACE_GRID, WORKSPACE_HEIGHTS = 15, (0.0, 0.04)
-
-
 def workspace_error_mm(true: Calibration, T: np.ndarray) -> float:
-    """How far from the truth a camera at pose ``T`` puts what it sees in the workspace (mm).
-
-    Each point of a grid over the workspace (on the table and 40 mm above it, where parts'
-    tops are) is projected through the true camera, and the pixel cast back through ``T``
-    onto the point's own height; the median distance to the point. This is the error a
-    grasp found at that pixel would carry: a slide along the turn-and-move ridge, which
-    moves the camera centre far, moves it little (the pose error alone reads it as wrong).
-    """
-    (x0, x1), (y0, y1) = true.workspace_x, true.workspace_y
-    gx, gy = np.meshgrid(np.linspace(x0, x1, WORKSPACE_GRID), np.linspace(y0, y1, WORKSPACE_GRID))
-    errors = []
-    for dz in WORKSPACE_HEIGHTS:
-        z = true.table_z + dz
-        points = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, z)], axis=1)
-        Tt = true.T_base_camera
-        rays = (points - Tt[:3, 3]) @ Tt[:3, :3]          # camera frame of the true pose
-        rays_b = rays @ T[:3, :3].T                          # the same pixels' rays, from pose T
-        s = (z - T[2, 3]) / rays_b[:, 2]
-        errors.append(np.linalg.norm(T[:3, 3] + rays_b * s[:, None] - points, axis=1))
-    return float(np.median(np.concatenate(errors)) * 1e3)
+    """How far from the truth a camera at pose ``T`` puts what it sees in the workspace (mm):
+    :func:`perception.core.refine.workspace_shift_mm` from the true pose. This is the error a
+    grasp found at a pixel would carry; a slide along the turn-and-move ridge, which moves
+    the camera centre far, moves it little (the pose error alone reads it as wrong)."""
+    return workspace_shift_mm(true, true.T_base_camera, T)
 
 
 def workspace_outcome(rec: dict, accepted: bool, true: Calibration) -> tuple[str | None, float, float | None]:
@@ -201,8 +183,9 @@ def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[str, st
 def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     """Print a row a cell and the counts; return the counts (pose error and workspace error)."""
     print("| cell | wall mm (h / t) | given mm / deg | fit mm / deg | outcome | workspace error given / fit mm "
-          "| by workspace error | rival share | halves mm / deg | sigma mm | gain | why kept |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| by workspace error | rival share | halves mm / deg | sigma mm | sigmas spanned | workspace shift mm | gain "
+          "| why kept |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     kinds = ("recovered", "kept", "improved", "wrong")
     counts, big = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0)
     ws_counts, ws_big = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0)
@@ -229,7 +212,8 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
               f"{rec['thickness'] * 1e3:.1f} | {rec['before_mm']:.1f} / {rec['before_deg']:.2f} | {rec['fit_mm']:.1f} / "
               f"{rec['fit_deg']:.2f} | {out} | {ws_given:.1f} / {fit_ws} | {ws_out or 'n/a'} | "
               f"{e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} | "
-              f"{e['sigma_mm']:.1f} | {e['explained'] - e['explained_given']:.2f} | "
+              f"{e['sigma_mm']:.1f} | {e.get('correction_sigmas', math.nan):.1f} | "
+              f"{e.get('workspace_shift_mm', math.nan):.1f} | {e['explained'] - e['explained_given']:.2f} | "
               f"{reason.split(':')[0] if out == 'kept' else ''} |")
     n, n_big = len(records), sum(big.values())
     n_ws, n_ws_big = sum(ws_counts.values()), sum(ws_big.values())

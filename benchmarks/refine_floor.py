@@ -17,7 +17,7 @@ thickness (as measured, within ``fit.wall_tolerance``):
 
 The drift is the fit's floor: a correction smaller than it cannot be told from it. Nothing
 here is a decision; ``accept.min_correction_sigmas`` is chosen with ``benchmarks/refine.py
---replay`` (``docs/experiments/2026-12-05-refine-the-fits-floor.md``).
+--replay`` (``docs/experiments/2026-12-06-refine-corrections-measured-in-sigmas.md``).
 """
 
 from __future__ import annotations

@@ -534,8 +534,10 @@ def _least_squares(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: 
 
 
 def _pose_sigma(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.ndarray,
-                st: RefineSettings) -> tuple[float, float]:
-    """The fit's 1-sigma uncertainty along its weakest direction: (camera centre, m; turn, deg).
+                st: RefineSettings) -> tuple[float, float, np.ndarray | None]:
+    """The fit's 1-sigma uncertainty along its weakest direction: (camera centre, m; turn,
+    deg), and the pose's covariance (6 x 6, in ``perturb``'s ``x``: radians, metres; the
+    wall height and thickness marginalised out), None where too few edges were found.
 
     A line's points are not independent (its own bias, a few tenths of a pixel, moves
     them together), so the covariance counts each line as one measurement: the
@@ -544,12 +546,50 @@ def _pose_sigma(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.
     """
     eq = _normal_equations(evidence, calib, T0, x, st)
     if eq is None:
-        return math.inf, math.inf
+        return math.inf, math.inf, None
     A, _b, scale, n_lines = eq
     cov = np.linalg.pinv(A[:6, :6]) * scale ** 2 * st.samples_per_edge
     shift = math.sqrt(max(float(np.linalg.eigvalsh(cov[3:, 3:]).max()), 0.0))
     turn = math.degrees(math.sqrt(max(float(np.linalg.eigvalsh(cov[:3, :3]).max()), 0.0)))
-    return shift, turn
+    return shift, turn, np.linalg.pinv(A)[:6, :6] * scale ** 2 * st.samples_per_edge
+
+
+def correction_sigmas(x: np.ndarray, cov: np.ndarray | None) -> float:
+    """How many of the fit's own standard deviations the correction ``x`` (``perturb``'s, from
+    the calibration to the fit) spans, in every direction at once: its Mahalanobis length
+    under the fit's covariance ``cov``. A correction along the turn-and-move ridge, where
+    the walls say little, counts little; a turn that moves the whole image counts fully."""
+    if cov is None:
+        return 0.0
+    x = np.asarray(x, dtype=np.float64)
+    return math.sqrt(max(float(x @ np.linalg.pinv(cov) @ x), 0.0))
+
+
+#: The workspace's points for :func:`workspace_shift_mm`: a grid this many points a side over
+#: the workspace, at these heights above the table (m: the table, and where parts' tops are).
+WORKSPACE_GRID, WORKSPACE_HEIGHTS = 15, (0.0, 0.04)
+
+
+def workspace_shift_mm(calib: Calibration, T_ref: np.ndarray, T: np.ndarray) -> float:
+    """How far a camera at pose ``T`` puts what a camera at ``T_ref`` sees in the workspace (mm).
+
+    Each point of a grid over ``calib``'s workspace (:data:`WORKSPACE_HEIGHTS`) is projected
+    through ``T_ref``, and the pixel cast back through ``T`` onto the point's own height;
+    the median distance to the point. With ``T_ref`` the true pose this is the error a grasp
+    found at that pixel would carry; a slide along the turn-and-move ridge, which moves
+    the camera centre far, moves it little.
+    """
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    gx, gy = np.meshgrid(np.linspace(x0, x1, WORKSPACE_GRID), np.linspace(y0, y1, WORKSPACE_GRID))
+    errors = []
+    for dz in WORKSPACE_HEIGHTS:
+        z = calib.table_z + dz
+        points = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, z)], axis=1)
+        rays = (points - T_ref[:3, 3]) @ T_ref[:3, :3]      # camera frame of T_ref
+        rays_b = rays @ T[:3, :3].T                          # the same pixels' rays, from pose T
+        s = (z - T[2, 3]) / rays_b[:, 2]
+        errors.append(np.linalg.norm(T[:3, 3] + rays_b * s[:, None] - points, axis=1))
+    return float(np.median(np.concatenate(errors)) * 1e3)
 
 
 def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, calib: Calibration) -> np.ndarray:
@@ -687,7 +727,7 @@ def _evidence(frames: list[np.ndarray], sharp: np.ndarray, calib: Calibration, s
     rivals = [s for y, s in zip(fits, scores)
               if _apart(pose_change(perturb(T0, y[:6]), T), acc)]
     agree = sum(not _apart(pose_change(perturb(T0, y[:6]), T), acc) for y in fits)
-    sigma_m, sigma_deg = _pose_sigma(sharp, calib, T0, x, st)
+    sigma_m, sigma_deg, cov = _pose_sigma(sharp, calib, T0, x, st)
     # The same last step on each half of the frames, from the answer: how far noise moves it.
     lim = np.array([math.radians(st.search_deg)] * 3 + [st.max_shift_m * 1.5] * 3)
     t_lo, t_hi = st.thickness_range if x[7] > 0 else (0.0, 0.0)
@@ -706,6 +746,8 @@ def _evidence(frames: list[np.ndarray], sharp: np.ndarray, calib: Calibration, s
         "starts_agreeing": int(agree),
         "sigma_mm": sigma_m * 1e3,
         "sigma_deg": sigma_deg,
+        "correction_sigmas": correction_sigmas(x[:6], cov),
+        "workspace_shift_mm": workspace_shift_mm(calib, T0, T),
         "halves_mm": halves_m * 1e3,
         "halves_deg": halves_deg,
         "wall_height_m": float(x[6]),
@@ -748,16 +790,16 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
         return False, (f"the walls leave the camera loose: {e['sigma_mm']:.1f} mm of uncertainty along the direction "
                        f"in which it can turn and move at once (over {max_sigma} mm"
                        f"{' with the walls measured' if measured else ''})")
-    # The fit's own floor: started at the true pose it settles a median 4 mm away along the
-    # ridge (each line's bias of a fraction of a pixel, amplified), about its own sigma_mm
-    # (median 5.6 mm over the twin cells). A correction no larger than that cannot be told
-    # from the floor and would as likely move the camera away from the truth as towards it
-    # (docs/experiments/2026-12-05-refine-the-fits-floor.md).
-    if e["correction_mm"] < acc.min_correction_sigmas * e["sigma_mm"]:
-        return False, (f"the correction is within the fit's own uncertainty: {e['correction_mm']:.1f} mm against "
-                       f"{acc.min_correction_sigmas:g} x {e['sigma_mm']:.1f} mm along the direction in which the "
-                       "camera can turn and move at once; the calibration may already be as close as the walls "
-                       "can tell")
+    # The fit's own floor: started at the true pose it settles some 4 mm away along the ridge
+    # (each line's bias of a fraction of a pixel, amplified), where the walls say little.
+    # The correction is measured against the fit's covariance in every direction at once,
+    # so a slide along the ridge counts little and a turn that moves the whole image counts
+    # fully (docs/experiments/2026-12-06-refine-corrections-measured-in-sigmas.md).
+    if e["correction_sigmas"] < acc.min_correction_sigmas:
+        return False, (f"the correction is within the fit's own uncertainty: it spans {e['correction_sigmas']:.1f} of "
+                       f"the fit's standard deviations (at least {acc.min_correction_sigmas:g} needed) and moves the "
+                       f"workspace {e['workspace_shift_mm']:.1f} mm in the image; the calibration may already be "
+                       "as close as the walls can tell")
     halves_mm, halves_deg = ((acc.max_halves_mm_measured, acc.max_halves_deg_measured) if measured
                              else (acc.max_halves_mm, acc.max_halves_deg))
     if e["halves_mm"] > halves_mm or e["halves_deg"] > halves_deg:
@@ -768,8 +810,9 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
     if gain < acc.min_gain:
         return False, (f"the fit explains little more edge than the calibration ({gain:.2f} more, "
                        f"{acc.min_gain} needed)")
-    return True, (f"the walls fit {e['correction_mm']:.1f} mm / {e['correction_deg']:.2f} deg from the calibration, "
-                  f"repeatably ({e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg between halves of the frames)")
+    return True, (f"the walls fit {e['correction_mm']:.1f} mm / {e['correction_deg']:.2f} deg from the calibration "
+                  f"(the workspace moves {e['workspace_shift_mm']:.1f} mm in the image), repeatably "
+                  f"({e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg between halves of the frames)")
 
 
 # ------------------------------------------------------------------ picture

@@ -13,7 +13,14 @@ import pytest
 
 from perception.core.calibration import Calibration, default_calibration_path
 from perception.core.imageio import write_image
-from perception.core.refine import AcceptSettings, RefineError, RefineSettings, decide, wall_lines
+from perception.core.refine import (
+    AcceptSettings,
+    RefineError,
+    RefineSettings,
+    correction_sigmas,
+    decide,
+    wall_lines,
+)
 from perception.robot.calibrate import main
 
 # A fit cut short: these frames have no walls to find, so the search only has to fail.
@@ -58,7 +65,8 @@ def test_frames_without_walls_keep_the_calibration_as_given_and_say_why(tmp_path
 # Evidence of a fit that passes every test of the rule; each case below spoils one.
 STRONG = {"contrast": 2.0, "contrast_before": 1.2, "correction_mm": 6.0, "correction_deg": 0.4,
           "rival_share": 0.5, "halves_mm": 0.3, "halves_deg": 0.02, "explained": 30.0, "explained_given": 10.0,
-          "sigma_mm": 1.0, "sigma_deg": 0.05, "starts": 9, "starts_agreeing": 5,
+          "sigma_mm": 1.0, "sigma_deg": 0.05, "starts": 9, "starts_agreeing": 5, "correction_sigmas": 12.0,
+          "workspace_shift_mm": 5.0,
           "wall_height_m": 0.04, "wall_thickness_m": 0.01}
 
 
@@ -69,7 +77,7 @@ STRONG = {"contrast": 2.0, "contrast_before": 1.2, "correction_mm": 6.0, "correc
     ({"correction_mm": 0.5, "correction_deg": 0.02}, "already fits"),
     ({"rival_share": 0.999}, "two poses"),
     ({"sigma_mm": 40.0}, "loose"),
-    ({"correction_mm": 2.0, "sigma_mm": 3.0}, "within the fit's own uncertainty"),
+    ({"correction_sigmas": 3.0}, "within the fit's own uncertainty"),
     ({"halves_mm": 9.0}, "not repeatable"),
     ({"halves_deg": 0.9}, "not repeatable"),
     ({"explained_given": 29.99}, "little more edge"),
@@ -81,8 +89,17 @@ def test_the_rule_keeps_the_calibration_unless_every_test_passes(spoil, why):
     assert not accepted and why in reason, reason
 
 
+def test_a_correction_along_the_fits_loose_direction_spans_fewer_sigmas():
+    # A fit loose along one direction of the pose (the turn-and-move ridge) and tight across it.
+    ridge = np.array([0.01, 0, 0, 0, 0.008, 0]) / np.linalg.norm([0.01, 0.008])
+    cov = np.eye(6) * 1e-8 + np.outer(ridge, ridge) * 1e-4
+    along, across = ridge * 0.005, np.array([0, 0, 1.0, 0, 0, 0]) * 0.005
+    assert correction_sigmas(along, cov) < 1.0 < 10.0 < correction_sigmas(across, cov)
+    assert correction_sigmas(across, None) == 0.0  # no covariance (too few edges): nothing shown
+
+
 @pytest.mark.parametrize("loose, too_loose", [
-    ({"sigma_mm": 10.0, "correction_mm": 12.0}, {"sigma_mm": 20.0, "correction_mm": 12.0}),
+    ({"sigma_mm": 10.0}, {"sigma_mm": 20.0}),
     ({"halves_mm": 1.8}, {"halves_mm": 2.5}),
     ({"halves_deg": 0.18}, {"halves_deg": 0.3}),
 ])
