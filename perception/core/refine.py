@@ -797,9 +797,9 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
     # fully (docs/experiments/2026-12-06-refine-corrections-measured-in-sigmas.md).
     if e["correction_sigmas"] < acc.min_correction_sigmas:
         return False, (f"the correction is within the fit's own uncertainty: it spans {e['correction_sigmas']:.1f} of "
-                       f"the fit's standard deviations (at least {acc.min_correction_sigmas:g} needed) and moves the "
-                       f"workspace {e['workspace_shift_mm']:.1f} mm in the image; the calibration may already be "
-                       "as close as the walls can tell")
+                       f"the fit's standard deviations (at least {acc.min_correction_sigmas:g} needed) and moves what "
+                       f"the camera sees in the workspace by {e['workspace_shift_mm']:.1f} mm; the calibration may "
+                       "already be as close as the walls can tell")
     halves_mm, halves_deg = ((acc.max_halves_mm_measured, acc.max_halves_deg_measured) if measured
                              else (acc.max_halves_mm, acc.max_halves_deg))
     if e["halves_mm"] > halves_mm or e["halves_deg"] > halves_deg:
@@ -811,7 +811,7 @@ def decide(evidence: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[boo
         return False, (f"the fit explains little more edge than the calibration ({gain:.2f} more, "
                        f"{acc.min_gain} needed)")
     return True, (f"the walls fit {e['correction_mm']:.1f} mm / {e['correction_deg']:.2f} deg from the calibration "
-                  f"(the workspace moves {e['workspace_shift_mm']:.1f} mm in the image), repeatably "
+                  f"(what the camera sees in the workspace moves {e['workspace_shift_mm']:.1f} mm), repeatably "
                   f"({e['halves_mm']:.1f} mm / {e['halves_deg']:.2f} deg between halves of the frames)")
 
 

@@ -614,7 +614,8 @@ def _run_refine(cfg) -> dict:
              f"{res.contrast_before:.2f} -> {res.contrast:.2f}")
     if res.accepted:
         print(f"refined T_base_camera from {len(frames)} frames: corrected by {res.shift_m * 1e3:.1f} mm and "
-              f"{res.rotation_deg:.2f} deg; {walls}; wrote {out} and {picture} "
+              f"{res.rotation_deg:.2f} deg (what the camera sees in the workspace moves "
+              f"{res.evidence.get('workspace_shift_mm', float('nan')):.1f} mm); {walls}; wrote {out} and {picture} "
               "(red: the walls where the old calibration put them, green: refined)")
     else:
         log.warning("calibration kept as given: %s", res.reason)
