@@ -89,6 +89,8 @@ from policies.evaluate import wilson_interval  # noqa: E402
 RIGHT_EVERY, RIGHT_MM, RIGHT_DEG = 8, 2.0, 0.1
 #: The other cells' errors are drawn up to these.
 MAX_MM, MAX_DEG = 20.0, 1.0
+#: What the current rule reads from a stored fit's evidence beyond the first series' keys.
+EVIDENCE_KEYS = frozenset({"correction_sigmas", "workspace_shift_mm"})
 #: A written pose may turn this much further from the truth than the given one and not be wrong.
 ANGLE_SLACK_DEG = 0.1
 #: ``--measured-walls``: a ruler's reading of the walls is off by up to this much (mm).
@@ -212,8 +214,8 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
               f"{rec['thickness'] * 1e3:.1f} | {rec['before_mm']:.1f} / {rec['before_deg']:.2f} | {rec['fit_mm']:.1f} / "
               f"{rec['fit_deg']:.2f} | {out} | {ws_given:.1f} / {fit_ws} | {ws_out or 'n/a'} | "
               f"{e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} | "
-              f"{e['sigma_mm']:.1f} | {e.get('correction_sigmas', math.nan):.1f} | "
-              f"{e.get('workspace_shift_mm', math.nan):.1f} | {e['explained'] - e['explained_given']:.2f} | "
+              f"{e['sigma_mm']:.1f} | {e['correction_sigmas']:.1f} | "
+              f"{e['workspace_shift_mm']:.1f} | {e['explained'] - e['explained_given']:.2f} | "
               f"{reason.split(':')[0] if out == 'kept' else ''} |")
     n, n_big = len(records), sum(big.values())
     n_ws, n_ws_big = sum(ws_counts.values()), sum(ws_big.values())
@@ -431,6 +433,11 @@ def judge_seed(args: argparse.Namespace, seed: int, acc: AcceptSettings) -> dict
             if line.strip():
                 rec = json.loads(line)
                 done[rec["cell"]] = rec
+    stale = sorted(c for c, rec in done.items() if not EVIDENCE_KEYS <= rec["evidence"].keys())
+    if stale:
+        raise SystemExit(f"{path}: cells {stale} were fitted before the fit reported "
+                         f"{' and '.join(sorted(EVIDENCE_KEYS))}, which the rule weighs: move the file aside "
+                         "and fit them again")
     todo = [draw_cell(seed, c) for c in range(args.cells) if c not in done]
     if args.replay:
         if todo:

@@ -548,10 +548,11 @@ def _pose_sigma(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, x: np.
     if eq is None:
         return math.inf, math.inf, None
     A, _b, scale, n_lines = eq
-    cov = np.linalg.pinv(A[:6, :6]) * scale ** 2 * st.samples_per_edge
+    var = scale ** 2 * st.samples_per_edge
+    cov = np.linalg.pinv(A[:6, :6]) * var  # the walls' height and thickness held at the fit's
     shift = math.sqrt(max(float(np.linalg.eigvalsh(cov[3:, 3:]).max()), 0.0))
     turn = math.degrees(math.sqrt(max(float(np.linalg.eigvalsh(cov[:3, :3]).max()), 0.0)))
-    return shift, turn, np.linalg.pinv(A)[:6, :6] * scale ** 2 * st.samples_per_edge
+    return shift, turn, np.linalg.pinv(A)[:6, :6] * var
 
 
 def correction_sigmas(x: np.ndarray, cov: np.ndarray | None) -> float:

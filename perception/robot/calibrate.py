@@ -615,7 +615,7 @@ def _run_refine(cfg) -> dict:
     if res.accepted:
         print(f"refined T_base_camera from {len(frames)} frames: corrected by {res.shift_m * 1e3:.1f} mm and "
               f"{res.rotation_deg:.2f} deg (what the camera sees in the workspace moves "
-              f"{res.evidence.get('workspace_shift_mm', float('nan')):.1f} mm); {walls}; wrote {out} and {picture} "
+              f"{res.evidence['workspace_shift_mm']:.1f} mm); {walls}; wrote {out} and {picture} "
               "(red: the walls where the old calibration put them, green: refined)")
     else:
         log.warning("calibration kept as given: %s", res.reason)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pytest
 from scripts import load_script
 
 from perception.core.calibration import Calibration, default_calibration_path
@@ -51,3 +53,20 @@ def test_the_outcome_by_workspace_error():
     assert workspace_outcome(rec, accepted=False, true=true)[0] == "kept"
     assert workspace_outcome({"x": x, "fit_T_base_camera": worse.tolist()}, accepted=True, true=true)[0] == "wrong"
     assert workspace_outcome({"x": x}, accepted=True, true=true)[0] is None  # a stored fit without its pose
+
+
+def test_fits_stored_before_the_rules_evidence_are_refused_with_a_message(tmp_path, monkeypatch, capsys):
+    """A replay (or a continued run) over fits stored before the fit reported what the rule
+    weighs stops with a message naming the file and the cells, not a KeyError, and the file
+    is left as it was."""
+    stored = tmp_path / "natural_seed0_f10_walls.jsonl"
+    old = {**_bench.draw_cell(0, 0), "evidence": {"sigma_mm": 4.0}, "before_mm": 3.0, "before_deg": 0.1,
+           "fit_mm": 2.0, "fit_deg": 0.1}
+    stored.write_text(json.dumps(old) + "\n")
+    before = stored.read_bytes()
+    monkeypatch.setattr("sys.argv", ["refine.py", "--replay", "--cells", "1", "--seed", "0", "--measured-walls",
+                                     "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        _bench.main()
+    assert str(stored) in str(exc.value) and "[0]" in str(exc.value) and "correction_sigmas" in str(exc.value)
+    assert stored.read_bytes() == before
