@@ -90,7 +90,7 @@ RIGHT_EVERY, RIGHT_MM, RIGHT_DEG = 8, 2.0, 0.1
 #: The other cells' errors are drawn up to these.
 MAX_MM, MAX_DEG = 20.0, 1.0
 #: What the current rule reads from a stored fit's evidence beyond the first series' keys.
-EVIDENCE_KEYS = frozenset({"correction_sigmas", "workspace_shift_mm"})
+EVIDENCE_KEYS = frozenset({"correction_sigmas", "workspace_shift_mm", "halves_workspace_mm"})
 #: A written pose may turn this much further from the truth than the given one and not be wrong.
 ANGLE_SLACK_DEG = 0.1
 #: ``--measured-walls``: a ruler's reading of the walls is off by up to this much (mm).
@@ -185,7 +185,7 @@ def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[str, st
 def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     """Print a row a cell and the counts; return the counts (pose error and workspace error)."""
     print("| cell | wall mm (h / t) | given mm / deg | fit mm / deg | outcome | workspace error given / fit mm "
-          "| by workspace error | rival share | halves mm / deg | sigma mm | sigmas spanned | workspace shift mm | gain "
+          "| by workspace error | rival share | halves mm / deg / workspace mm | sigma mm | sigmas spanned | workspace shift mm | gain "
           "| why kept |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     kinds = ("recovered", "kept", "improved", "wrong")
@@ -213,7 +213,8 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
         print(f"| {rec['cell']}{' (right)' if rec['right'] else ''} | {rec['height'] * 1e3:.0f} / "
               f"{rec['thickness'] * 1e3:.1f} | {rec['before_mm']:.1f} / {rec['before_deg']:.2f} | {rec['fit_mm']:.1f} / "
               f"{rec['fit_deg']:.2f} | {out} | {ws_given:.1f} / {fit_ws} | {ws_out or 'n/a'} | "
-              f"{e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} | "
+              f"{e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} / "
+              f"{e['halves_workspace_mm']:.2f} | "
               f"{e['sigma_mm']:.1f} | {e['correction_sigmas']:.1f} | "
               f"{e['workspace_shift_mm']:.1f} | {e['explained'] - e['explained_given']:.2f} | "
               f"{reason.split(':')[0] if out == 'kept' else ''} |")
