@@ -674,10 +674,11 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
 
     Every start is fitted to the end; the fit that explains the most edge (summed over
     every line, so none wins by leaving lines out) is the answer. Besides it, the fit
-    records what :func:`decide` weighs (:attr:`RefineResult.evidence`): how much more edge
-    it explains than the calibration, whether a distant fit explains almost as much, the
-    fit's uncertainty along its weakest direction, and how far fits on the two halves of
-    the frames land from each other.
+    records what :func:`decide` weighs (:attr:`RefineResult.evidence`): whether a distant
+    fit explains almost as much edge, the fit's uncertainty and how many of its standard
+    deviations the correction spans, and how far apart the fits on the two halves of the
+    frames put the workspace; besides, for the report, how much more edge it explains than
+    the calibration.
 
     Raises:
         RefineError: no frames.
