@@ -2,7 +2,7 @@
 keeps the calibration as given, or writes a pose farther from the truth.
 
     .venv/bin/python benchmarks/refine.py [--cells 64] [--frames 10] [--seed 0] [--workers 2]
-        [--out outputs/bench_refine] [--look natural|target] [--measured-walls]
+        [--out outputs/bench_refine] [--look natural|target] [--measured-walls] [--bin-inset-mm D]
         [--replay [--seed S ...] [--accept KEY=VALUE] [--write]]
     .venv/bin/python benchmarks/refine.py --cell DIR [--cell DIR ...]
 
@@ -18,8 +18,13 @@ uniformly, except every eighth cell, whose calibration is right (0-2 mm, 0-0.1 d
 would (``fit.wall_height`` and ``fit.wall_thickness``): each reading off the truth by up to
 MEASURE_MM (uniform, the cell's own stream), searched within ``fit.wall_tolerance``. Its fits
 go to their own file (``..._walls.jsonl``), so the same cells can be compared with and without.
+``--bin-inset-mm D`` renders the bin's walls D mm inside the workspace edges the fit is told
+(a bin that stands off the model's convention, inner faces on the edges, or a workspace
+measured a little wide), the same cells otherwise; its fits go to ``..._insetDmm.jsonl``.
 
-A cell ends as one of:
+A cell is judged on the pose the command writes when it accepts the fit: the fit less its
+move along the line of sight (``without_sight_move``), computed from the stored fit, so
+fits stored before that change are judged as the command writes them now. It ends as one of:
 - recovered: the camera centre written is at most half as far from the truth as the
   given one (and the pose is not wrong);
 - kept: the calibration written as given (the fit's evidence was not strong enough);
@@ -80,6 +85,7 @@ from perception.core.refine import (  # noqa: E402
     perturb,
     pose_change,
     refine_pose,
+    without_sight_move,
     workspace_shift_mm,
 )
 from perception.robot.calibrate import main as calibrate  # noqa: E402
@@ -127,22 +133,26 @@ def settings(seed: int, draw: dict, measured: bool) -> RefineSettings:
     return RefineSettings.defaults(**measured_walls(seed, draw)) if measured else RefineSettings.defaults()
 
 
-def fit_cell(args: tuple[dict, int, int, str, bool]) -> dict:
+def fit_cell(args: tuple[dict, int, int, str, bool, float]) -> dict:
     """Render one cell, fit it, return everything the table and a replay need."""
     from sim_render.api import render_cell_frames  # lazy: hydra via sim_render.api
 
     cv2.setNumThreads(1)
-    draw, frames_n, seed, look, measured = args
+    draw, frames_n, seed, look, measured, inset_mm = args
     true = Calibration.load(default_calibration_path())
     given = true.replace(T_base_camera=perturb(true.T_base_camera, np.asarray(draw["x"])))
+    # --bin-inset-mm: the bin rendered that far inside the workspace edges the fit is told.
+    d = inset_mm * 1e-3
+    bin_cell = true.replace(workspace_x=(true.workspace_x[0] + d, true.workspace_x[1] - d),
+                            workspace_y=(true.workspace_y[0] + d, true.workspace_y[1] - d))
     with tempfile.TemporaryDirectory() as tmp:
-        folder = render_cell_frames(tmp, true, frames_n, draw["height"], draw["thickness"],
+        folder = render_cell_frames(tmp, bin_cell, frames_n, draw["height"], draw["thickness"],
                                     seed=seed * 1000 + draw["cell"], natural_surfaces=look == "natural")
         frames = [read_image(p) for p in sorted(Path(folder).glob("*.png"))]
     t0 = time.perf_counter()
     res = refine_pose(frames, given, settings(seed, draw, measured))
     before = pose_change(true.T_base_camera, given.T_base_camera)
-    fit = pose_change(true.T_base_camera, res.T_base_camera)
+    fit = pose_change(true.T_base_camera, res.T_base_camera)  # the fit; what is judged is written_pose(rec)
     return {**draw, "before_mm": before[0] * 1e3, "before_deg": before[1], "fit_mm": fit[0] * 1e3, "fit_deg": fit[1],
             "fit_height": res.wall_height, "fit_thickness": res.wall_thickness, "evidence": res.evidence,
             "fit_T_base_camera": res.T_base_camera.tolist(), "measured": measured,
@@ -157,34 +167,57 @@ def workspace_error_mm(true: Calibration, T: np.ndarray) -> float:
     return workspace_shift_mm(true, true.T_base_camera, T)
 
 
-def workspace_outcome(rec: dict, accepted: bool, true: Calibration) -> tuple[str | None, float, float | None]:
-    """(outcome, given, fit) by the workspace error against the true calibration ``true``: the
-    outcome as :func:`outcome`'s, with ``workspace_error_mm`` for the distance; None for a
+def written_pose(rec: dict, true: Calibration, acc: AcceptSettings) -> np.ndarray:
+    """The pose the command writes when it accepts a stored fit: the fit less its move along
+    the line of sight (:func:`perception.core.refine.without_sight_move`) unless
+    ``accept.write_distance``, computed here so that fits stored before that choice existed
+    are judged as the command writes them now."""
+    fit = np.asarray(rec["fit_T_base_camera"])
+    if acc.write_distance:
+        return fit
+    return without_sight_move(true, perturb(true.T_base_camera, np.asarray(rec["x"])), fit)[0]
+
+
+def workspace_outcome(rec: dict, accepted: bool, true: Calibration,
+                      acc: AcceptSettings) -> tuple[str | None, float, float | None]:
+    """(outcome, given, written) by the workspace error against the true calibration ``true``:
+    the outcome as :func:`outcome`'s, with ``workspace_error_mm`` for the distance; None for a
     stored fit without its pose."""
     given = workspace_error_mm(true, perturb(true.T_base_camera, np.asarray(rec["x"])))
     if "fit_T_base_camera" not in rec:
         return None, given, None
-    fit = workspace_error_mm(true, np.asarray(rec["fit_T_base_camera"]))
+    fit = workspace_error_mm(true, written_pose(rec, true, acc))
     if not accepted:
         return "kept", given, fit
     return ("wrong" if fit > given else "recovered" if fit <= given / 2 else "improved"), given, fit
 
 
-def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings) -> tuple[str, str]:
-    """(outcome, the decision's reason) of a stored fit under the current rule."""
+def written_error(rec: dict, true: Calibration, acc: AcceptSettings) -> tuple[float, float]:
+    """(mm, deg): how far the pose written on acceptance is from the truth (the camera centre,
+    the turn); a stored fit without its pose is judged by the fit's own errors."""
+    if "fit_T_base_camera" not in rec:
+        return rec["fit_mm"], rec["fit_deg"]
+    shift, turn = pose_change(true.T_base_camera, written_pose(rec, true, acc))
+    return shift * 1e3, turn
+
+
+def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings, true: Calibration) -> tuple[str, str]:
+    """(outcome, the decision's reason) of a stored fit under the current rule, judged on the
+    pose it writes."""
     accepted, reason = decide(rec["evidence"], st, acc)  # the contrast and correction limits: the same with measured walls
     if not accepted:
         return "kept", reason
-    if rec["fit_mm"] > rec["before_mm"] or rec["fit_deg"] > rec["before_deg"] + ANGLE_SLACK_DEG:
+    mm, deg = written_error(rec, true, acc)
+    if mm > rec["before_mm"] or deg > rec["before_deg"] + ANGLE_SLACK_DEG:
         return "wrong", reason
-    if rec["fit_mm"] <= rec["before_mm"] / 2:
+    if mm <= rec["before_mm"] / 2:
         return "recovered", reason
     return "improved", reason
 
 
 def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     """Print a row a cell and the counts; return the counts (pose error and workspace error)."""
-    print("| cell | wall mm (h / t) | given mm / deg | fit mm / deg | outcome | workspace error given / fit mm "
+    print("| cell | wall mm (h / t) | given mm / deg | written mm / deg | outcome | workspace error given / fit mm "
           "| by workspace error | rival share | halves mm / deg / workspace mm | sigma mm | sigmas spanned | workspace shift mm | gain "
           "| why kept |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -195,11 +228,12 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     centre_wrong = 0  # written with the camera centre farther from the truth (the angle aside)
     true = Calibration.load(default_calibration_path())  # every cell's camera (fit_cell)
     for rec in sorted(records, key=lambda r: r["cell"]):
-        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc)
-        ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept", true)
+        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc, true)
+        ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept", true, acc)
         e = rec["evidence"]
+        mm, deg = written_error(rec, true, acc)
         counts[out] += 1
-        centre_wrong += out != "kept" and rec["fit_mm"] > rec["before_mm"]
+        centre_wrong += out != "kept" and mm > rec["before_mm"]
         if rec["before_mm"] >= 5.0:
             big[out] += 1
         if ws_out is not None:
@@ -207,12 +241,12 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
             if ws_given >= 5.0:
                 ws_big[ws_out] += 1
         if rec["right"]:
-            key = "kept" if out == "kept" else "within_1mm" if rec["fit_mm"] <= 1.0 else "other"
+            key = "kept" if out == "kept" else "within_1mm" if mm <= 1.0 else "other"
             right[key] += 1
         fit_ws = "n/a" if ws_fit is None else f"{ws_fit:.1f}"
         print(f"| {rec['cell']}{' (right)' if rec['right'] else ''} | {rec['height'] * 1e3:.0f} / "
-              f"{rec['thickness'] * 1e3:.1f} | {rec['before_mm']:.1f} / {rec['before_deg']:.2f} | {rec['fit_mm']:.1f} / "
-              f"{rec['fit_deg']:.2f} | {out} | {ws_given:.1f} / {fit_ws} | {ws_out or 'n/a'} | "
+              f"{rec['thickness'] * 1e3:.1f} | {rec['before_mm']:.1f} / {rec['before_deg']:.2f} | {mm:.1f} / "
+              f"{deg:.2f} | {out} | {ws_given:.1f} / {fit_ws} | {ws_out or 'n/a'} | "
               f"{e['rival_share']:.3f} | {e['halves_mm']:.1f} / {e['halves_deg']:.2f} / "
               f"{e['halves_workspace_mm']:.2f} | "
               f"{e['sigma_mm']:.1f} | {e['correction_sigmas']:.1f} | "
@@ -353,6 +387,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_refine"))
     ap.add_argument("--measured-walls", action="store_true",
                     help="give the fit the walls' height and thickness, each read within 1 mm of the truth")
+    ap.add_argument("--bin-inset-mm", type=float, default=0.0,
+                    help="render the bin's walls this far inside the workspace edges the fit is told (a bin off "
+                         "the convention, or a workspace measured a little wide); its fits go to their own file")
     ap.add_argument("--replay", action="store_true", help="judge the stored fits again; fit nothing")
     ap.add_argument("--accept", action="append", default=[], metavar="KEY=VALUE",
                     help="judge with this accept setting instead of the packaged one (repeatable): a replay "
@@ -376,7 +413,7 @@ def main() -> int:
     if args.write and not args.replay:
         ap.error("--write puts a replay's summary into docs/results.md: add --replay")
     try:
-        acc = AcceptSettings.defaults(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.accept)})
+        acc = AcceptSettings.defaults(**{k: _setting(v) for k, v in (kv.split("=", 1) for kv in args.accept)})
     except (ValueError, RefineError) as exc:
         ap.error(f"--accept: {exc}")
     summaries = [judge_seed(args, seed, acc) for seed in args.seed]
@@ -392,6 +429,12 @@ def main() -> int:
         except ResultsDocError as exc:
             ap.error(str(exc))
     return 0
+
+
+def _setting(text: str) -> float | bool:
+    """An ``--accept`` value: true / false, or a number."""
+    word = text.strip().lower()
+    return word == "true" if word in ("true", "false") else float(text)
 
 
 def add_up(summaries: list[dict]) -> dict:
@@ -413,6 +456,8 @@ def results_table(total: dict, args: argparse.Namespace) -> str:
     lo, hi = wilson_interval(ws["big_recovered"], ws["big_error_cells"])
     share = ws["big_recovered"] / max(1, ws["big_error_cells"])
     walls = "walls measured within 1 mm" if args.measured_walls else "walls fitted"
+    if args.bin_inset_mm:
+        walls += f", the bin {args.bin_inset_mm:g} mm inside the workspace edges"
     return "\n".join([
         f"Twin cells of the `{args.look}` look, seeds {', '.join(map(str, args.seed))}, {args.frames} frames a cell, "
         f"{walls}; the decision rule of `conf/calibrate_refine.yaml`.", "",
@@ -427,7 +472,8 @@ def results_table(total: dict, args: argparse.Namespace) -> str:
 
 def judge_seed(args: argparse.Namespace, seed: int, acc: AcceptSettings) -> dict:
     """One seed's cells: fitted (those not stored yet) unless ``--replay``, judged, printed; its summary."""
-    path = args.out / f"{args.look}_seed{seed}_f{args.frames}{'_walls' if args.measured_walls else ''}.jsonl"
+    inset = f"_inset{args.bin_inset_mm:g}mm" if args.bin_inset_mm else ""
+    path = args.out / f"{args.look}_seed{seed}_f{args.frames}{'_walls' if args.measured_walls else ''}{inset}.jsonl"
     done = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -449,7 +495,7 @@ def judge_seed(args: argparse.Namespace, seed: int, acc: AcceptSettings) -> dict
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         print(f"fitting {len(todo)} cells ({len(done)} stored in {path}) on {args.workers} worker(s)", file=sys.stderr)
         with ProcessPoolExecutor(max_workers=args.workers) as pool, path.open("a") as fh:
-            jobs = [(d, args.frames, seed, args.look, args.measured_walls) for d in todo]
+            jobs = [(d, args.frames, seed, args.look, args.measured_walls, args.bin_inset_mm) for d in todo]
             for k, rec in enumerate(pool.map(fit_cell, jobs), 1):
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()  # a line a cell: a stopped run loses at most the cells in flight

@@ -17,7 +17,9 @@ The fit (:func:`refine_pose`): starts at the calibration itself and at the best 
 a coarse table over the two rotations that move the whole image; from each, Nelder-Mead
 on less and less smoothed evidence (inner edges, with a prior towards a small correction),
 the thickness from the outer edges, then Gauss-Newton on every sample point's distance to
-its edge; the fit that lays the most edge strength on its lines wins. Measured in the twin:
+its edge; the fit that lays the most edge strength on its lines wins. What is written when
+the fit is strong enough (:func:`decide`) is its turn and its sideways move; its move along
+the line of sight to the bin is left as given (:func:`without_sight_move`). Measured in the twin:
 ``docs/benchmarks.md``, "Camera refinement" (12 of 16 cells recovered; a wall a few
 millimetres thick, and tall walls just over the tolerance, are where it fails). Units:
 metres and radians in the API, millimetres and degrees in reports.
@@ -152,15 +154,19 @@ class AcceptSettings:
     max_sigma_mm_measured: float
     min_correction_sigmas: float
     max_halves_workspace_mm: float
+    write_distance: bool
 
     @classmethod
     def from_config(cls, block: Any) -> AcceptSettings:
         """From the config's ``accept`` block (a mapping); unknown or missing keys are refused."""
         block = _exact_keys(cls, block, "accept")
-        bad = [k for k, v in block.items() if not (isinstance(v, (int, float)) and v >= 0)]
+        write_distance = block.pop("write_distance")
+        if not isinstance(write_distance, bool):
+            raise RefineError(f"accept.write_distance must be true or false, got {write_distance!r}")
+        bad = [k for k, v in block.items() if isinstance(v, bool) or not (isinstance(v, (int, float)) and v >= 0)]
         if bad:
             raise RefineError(f"accept settings must be numbers >= 0: {bad}")
-        return cls(**{k: float(v) for k, v in block.items()})
+        return cls(**{k: float(v) for k, v in block.items()}, write_distance=write_distance)
 
     @classmethod
     def defaults(cls, **changes: Any) -> AcceptSettings:
@@ -182,20 +188,33 @@ class RefineResult:
     accepted: bool = True                # whether the fit replaces it (:func:`decide`)
     reason: str = ""
     evidence: dict = field(default_factory=dict)
+    T_refined: np.ndarray | None = None  # the fit less its move along the line of sight (:func:`without_sight_move`)
+    sight_move_m: float = 0.0            # that move, left out (+: towards the bin)
+
+    @property
+    def refined_pose(self) -> np.ndarray:
+        """The pose written when the fit is accepted (:func:`without_sight_move`)."""
+        return self.T_base_camera if self.T_refined is None else self.T_refined
 
     @property
     def written_pose(self) -> np.ndarray:
-        """The pose to write: the fit when accepted, the calibration's as given otherwise."""
-        return self.T_base_camera if self.accepted or self.T_given is None else self.T_given
+        """The pose to write: the refined pose when accepted, the calibration's as given otherwise."""
+        return self.refined_pose if self.accepted or self.T_given is None else self.T_given
+
+    def correction(self) -> tuple[float, float]:
+        """(m, deg): how far the refined pose moves and turns the camera from the calibration."""
+        return (self.shift_m, self.rotation_deg) if self.T_given is None else pose_change(self.T_given, self.refined_pose)
 
     def report(self) -> dict:
+        shift, turn = self.correction()
         return {
             "written": "refined" if self.accepted else "as given",
             "reason": self.reason,
-            "correction_mm": round(self.shift_m * 1e3, 3) if self.accepted else 0.0,
-            "correction_deg": round(self.rotation_deg, 4) if self.accepted else 0.0,
+            "correction_mm": round(shift * 1e3, 3) if self.accepted else 0.0,
+            "correction_deg": round(turn, 4) if self.accepted else 0.0,
             "fit_correction_mm": round(self.shift_m * 1e3, 3),
             "fit_correction_deg": round(self.rotation_deg, 4),
+            "sight_move_mm": round(self.sight_move_m * 1e3, 3),  # the fit's, not written (without_sight_move)
             "fit_T_base_camera": np.round(self.T_base_camera, 9).tolist(),  # the fit, written or not
             "wall_height_m": round(self.wall_height, 4),
             "wall_thickness_m": round(self.wall_thickness, 4),
@@ -589,6 +608,27 @@ def workspace_shift_mm(calib: Calibration, T_ref: np.ndarray, T: np.ndarray) -> 
     return float(np.median(np.concatenate(errors)) * 1e3)
 
 
+def without_sight_move(calib: Calibration, T_given: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, float]:
+    """The pose ``T`` less its move along the given camera's line of sight to the workspace's
+    centre (on the table), and that move (m, +: towards the bin).
+
+    The walls fix the camera's turn and its sideways place, but a camera a centimetre or two
+    nearer the bin sees nearly what a camera at the right distance sees of a bin a few mm
+    larger: the fit cannot tell its distance from the bin's size, and the workspace a user
+    gives is the bin's size only as well as the bin was placed and measured. Where the bin's
+    walls stood 3 mm inside the workspace edges, the fits slid the camera 12-20 mm along
+    that line, twin cells and validation cells alike; the distance is therefore left as
+    given (``accept.write_distance: false``; docs/experiments/2026-12-06-refine-distance-left-as-given.md).
+    """
+    centre = np.array([np.mean(calib.workspace_x), np.mean(calib.workspace_y), calib.table_z])
+    sight = centre - T_given[:3, 3]
+    sight /= np.linalg.norm(sight)
+    move = float((T[:3, 3] - T_given[:3, 3]) @ sight)
+    out = np.array(T, dtype=np.float64, copy=True)
+    out[:3, 3] -= move * sight
+    return out, move
+
+
 def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, calib: Calibration) -> np.ndarray:
     """The same sample points on the walls of height ``y[6]`` and thickness ``y[7]``."""
     moved = pts.copy()
@@ -711,8 +751,12 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
     record.update(contrast=float(contrast), contrast_before=float(before), correction_mm=shift * 1e3,
                   correction_deg=angle)
     accepted, reason = decide(record, st, acc)
+    refined, sight_move = without_sight_move(calib, T0, T)
+    if acc.write_distance:
+        refined, sight_move = T, 0.0
     return RefineResult(T, float(x[6]), float(x[7]), float(contrast), float(before), shift, angle, names,
-                        T_given=T0, accepted=accepted, reason=reason, evidence=record)
+                        T_given=T0, accepted=accepted, reason=reason, evidence=record, T_refined=refined,
+                        sight_move_m=sight_move)
 
 
 def _evidence(frames: list[np.ndarray], sharp: np.ndarray, calib: Calibration, st: RefineSettings, acc: AcceptSettings,
@@ -821,10 +865,12 @@ def undistorted_median(frames: list[np.ndarray], calib: Calibration) -> np.ndarr
 
 def draw_fit(image: np.ndarray, calib: Calibration, before: np.ndarray, result: RefineResult) -> np.ndarray:
     """The wall edges on an undistorted frame: red where the calibration put them, green
-    where the refined pose puts them, or yellow where the fit not written would have."""
+    where the written pose puts them (the fit less its move along the line of sight, so a
+    bin off the workspace's size shows as a small, even gap), or yellow where the fit not
+    written would have."""
     out = image.copy()
     after = (60, 255, 60) if result.accepted else (255, 220, 0)
-    for T, color in ((before, (255, 60, 60)), (result.T_base_camera, after)):
+    for T, color in ((before, (255, 60, 60)), (result.refined_pose if result.accepted else result.T_base_camera, after)):
         for _name, a, b in wall_lines(calib, result.wall_height, result.wall_thickness, T[:3, 3]):
             pa, pb = _project(T, calib.K, np.stack([a, b]))
             cv2.line(out, tuple(int(round(v)) for v in pa), tuple(int(round(v)) for v in pb), color, 1, cv2.LINE_AA)

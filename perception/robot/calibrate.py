@@ -46,6 +46,7 @@ from perception.core.refine import (
     draw_fit,
     refine_pose,
     undistorted_median,
+    workspace_shift_mm,
 )
 from perception.robot.cameras.replay import list_frames
 
@@ -585,7 +586,7 @@ def _run_refine(cfg) -> dict:
     data = calib.to_dict()
     moved = f"the fit ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration)"
     if res.accepted:
-        data["T_base_camera"] = res.T_base_camera.tolist()
+        data["T_base_camera"] = res.refined_pose.tolist()
         try:
             refined = Calibration.from_dict(data)
         except CalibrationError as exc:
@@ -613,9 +614,12 @@ def _run_refine(cfg) -> dict:
     walls = (f"walls {res.wall_height * 1e3:.0f} mm high, {res.wall_thickness * 1e3:.0f} mm thick; edge contrast "
              f"{res.contrast_before:.2f} -> {res.contrast:.2f}")
     if res.accepted:
-        print(f"refined T_base_camera from {len(frames)} frames: corrected by {res.shift_m * 1e3:.1f} mm and "
-              f"{res.rotation_deg:.2f} deg (what the camera sees in the workspace moves "
-              f"{res.evidence['workspace_shift_mm']:.1f} mm); {walls}; wrote {out} and {picture} "
+        shift, turn = res.correction()
+        print(f"refined T_base_camera from {len(frames)} frames: corrected by {shift * 1e3:.1f} mm and "
+              f"{turn:.2f} deg (what the camera sees in the workspace moves "
+              f"{workspace_shift_mm(calib, calib.T_base_camera, res.refined_pose):.1f} mm; the camera's distance "
+              f"to the bin left as given, the fit's {res.sight_move_m * 1e3:+.1f} mm along the line of sight "
+              f"not written); {walls}; wrote {out} and {picture} "
               "(red: the walls where the old calibration put them, green: refined)")
     else:
         log.warning("calibration kept as given: %s", res.reason)

@@ -19,7 +19,9 @@ from perception.core.refine import (
     RefineSettings,
     correction_sigmas,
     decide,
+    perturb,
     wall_lines,
+    without_sight_move,
 )
 from perception.robot.calibrate import main
 
@@ -133,6 +135,8 @@ def test_accept_settings_come_from_the_config_and_are_checked(tmp_path, calib_fi
         AcceptSettings.defaults(typo=1)
     with pytest.raises(RefineError, match=">= 0"):
         AcceptSettings.defaults(max_halves_workspace_mm=-1)
+    with pytest.raises(RefineError, match="true or false"):
+        AcceptSettings.defaults(write_distance=1)
     frames = _frames(tmp_path / "frames", (640, 480), n=1)
     with pytest.raises(SystemExit) as exc:
         main(["refine", f"calibration={calib_file}", f"real_dir={frames}", f"out={tmp_path / 'r.json'}",
@@ -210,3 +214,23 @@ def test_measured_walls_narrow_the_search_to_the_reading():
                      ({"wall_thickness": -0.01}, "wall_thickness"), ({"wall_tolerance": 0.5}, "wall_tolerance")):
         with pytest.raises(RefineError, match=key):
             RefineSettings.defaults(**bad)
+
+
+def test_the_written_pose_keeps_the_distance_along_the_line_of_sight_and_the_rest_of_the_fit():
+    # A fit that moved the camera 15 mm towards the bin (what a bin 3 mm inside the workspace
+    # edges does to it), 3 mm sideways and turned it 0.3 degrees: written without the 15 mm.
+    calib = Calibration.load(default_calibration_path())
+    T0 = calib.T_base_camera
+    centre = np.array([np.mean(calib.workspace_x), np.mean(calib.workspace_y), calib.table_z])
+    sight = (centre - T0[:3, 3]) / np.linalg.norm(centre - T0[:3, 3])
+    side = np.cross(sight, [0.0, 0.0, 1.0])
+    side /= np.linalg.norm(side)
+    fit = perturb(T0, np.r_[0.0, np.radians(0.3), 0.0, 0.015 * sight + 0.003 * side])
+    written, move = without_sight_move(calib, T0, fit)
+    assert abs(move - 0.015) < 1e-9
+    assert np.allclose(written[:3, 3], T0[:3, 3] + 0.003 * side, atol=1e-9)  # the sideways move stays
+    assert np.allclose(written[:3, :3], fit[:3, :3])                        # and so does the turn
+    # A fit with no move along the line of sight is written as it is.
+    across = perturb(T0, np.r_[0.0, 0.0, 0.0, 0.004 * side])
+    same, none = without_sight_move(calib, T0, across)
+    assert abs(none) < 1e-12 and np.allclose(same, across)

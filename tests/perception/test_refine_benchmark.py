@@ -11,7 +11,7 @@ import pytest
 from scripts import load_script
 
 from perception.core.calibration import Calibration, default_calibration_path
-from perception.core.refine import perturb, pose_change
+from perception.core.refine import AcceptSettings, perturb, pose_change
 
 _bench = load_script("benchmarks/refine.py", "bench_refine")  # benchmarks/ is not an installed package
 workspace_error_mm, workspace_outcome = _bench.workspace_error_mm, _bench.workspace_outcome
@@ -49,10 +49,28 @@ def test_the_outcome_by_workspace_error():
     half = perturb(true.T_base_camera, np.array([0, 0, 0, 0.0018, 0.0024, 0.0]))   # 3 mm
     worse = perturb(true.T_base_camera, np.array([0, 0, 0, 0.009, 0.012, 0.0]))   # 15 mm
     rec = {"x": x, "fit_T_base_camera": half.tolist()}
-    assert workspace_outcome(rec, accepted=True, true=true)[0] == "recovered"
-    assert workspace_outcome(rec, accepted=False, true=true)[0] == "kept"
-    assert workspace_outcome({"x": x, "fit_T_base_camera": worse.tolist()}, accepted=True, true=true)[0] == "wrong"
-    assert workspace_outcome({"x": x}, accepted=True, true=true)[0] is None  # a stored fit without its pose
+    acc = AcceptSettings.defaults(write_distance=True)  # the fit written as it is
+    assert workspace_outcome(rec, accepted=True, true=true, acc=acc)[0] == "recovered"
+    assert workspace_outcome(rec, accepted=False, true=true, acc=acc)[0] == "kept"
+    worse_rec = {"x": x, "fit_T_base_camera": worse.tolist()}
+    assert workspace_outcome(worse_rec, accepted=True, true=true, acc=acc)[0] == "wrong"
+    assert workspace_outcome({"x": x}, accepted=True, true=true, acc=acc)[0] is None  # a stored fit without its pose
+
+
+def test_a_stored_fit_is_judged_on_the_pose_the_command_writes():
+    # The given calibration is right; the fit slid 15 mm towards the bin (a bin off the
+    # workspace's size). Written as it is, that is wrong; with the distance left as given
+    # (the default), the pose written is the given one.
+    true = Calibration.load(default_calibration_path())
+    T = true.T_base_camera
+    centre = np.array([*true.workspace_center[:2], true.table_z])
+    sight = (centre - T[:3, 3]) / np.linalg.norm(centre - T[:3, 3])
+    rec = {"x": [0.0] * 6, "fit_T_base_camera": perturb(T, np.r_[0, 0, 0, 0.015 * sight]).tolist(),
+           "fit_mm": 15.0, "fit_deg": 0.0}
+    as_fitted = _bench.written_error(rec, true, AcceptSettings.defaults(write_distance=True))
+    assert abs(as_fitted[0] - 15.0) < 1e-6
+    assert _bench.written_error(rec, true, AcceptSettings.defaults())[0] < 1e-6
+    assert np.allclose(_bench.written_pose(rec, true, AcceptSettings.defaults()), T)
 
 
 def test_fits_stored_before_the_rules_evidence_are_refused_with_a_message(tmp_path, monkeypatch, capsys):
