@@ -615,9 +615,9 @@ def without_sight_move(calib: Calibration, T_given: np.ndarray, T: np.ndarray) -
     The walls fix the camera's turn and its sideways place, but a camera a centimetre or two
     nearer the bin sees nearly what a camera at the right distance sees of a bin a few mm
     larger: the fit cannot tell its distance from the bin's size, and the workspace a user
-    gives is the bin's size only as well as the bin was placed and measured. Where the bin's
-    walls stood 3 mm inside the workspace edges, the fits slid the camera 12-20 mm along
-    that line, twin cells and validation cells alike; the distance is therefore left as
+    gives is the bin's size only as well as the bin was placed and measured. In twin cells
+    whose bin stood 3 mm inside the workspace edges the fits slid the camera 12-20 mm along
+    that line, and in the validation cells 14-21 mm; the distance is therefore left as
     given (``accept.write_distance: false``; docs/experiments/2026-12-06-refine-distance-left-as-given.md).
     """
     centre = np.array([np.mean(calib.workspace_x), np.mean(calib.workspace_y), calib.table_z])

@@ -587,18 +587,20 @@ def _run_refine(cfg) -> dict:
     moved = f"the fit ({res.shift_m * 1e3:.1f} mm, {res.rotation_deg:.2f} deg from the calibration)"
     if res.accepted:
         data["T_base_camera"] = res.refined_pose.tolist()
+        shift, turn = res.correction()
+        would_write = f"the pose it would write ({shift * 1e3:.1f} mm, {turn:.2f} deg from the calibration)"
         try:
             refined = Calibration.from_dict(data)
         except CalibrationError as exc:
-            res.accepted, res.reason = False, f"{moved} would not see the workspace: {exc}"
+            res.accepted, res.reason = False, f"{would_write} would not see the workspace: {exc}"
         else:
             before, after = calib.workspace_visible_share(), refined.workspace_visible_share()
+            # A fit that slides along the walls' edges moves the workspace in the frame; one that
+            # takes more of it out of view than the calibration did is more likely that slide
+            # than the camera's error.
             if after < before:
-                # A fit that slides along the walls' edges moves the workspace in the frame; one that
-                # takes more of it out of view than the calibration did is more likely that slide
-                # than the camera's error.
                 res.accepted, res.reason = False, (
-                    f"{moved} would see {100 * after:.1f}% of the workspace where the calibration sees "
+                    f"{would_write} would see {100 * after:.1f}% of the workspace where the calibration sees "
                     f"{100 * before:.1f}%; if the fit is right, the camera or the workspace must move")
     data["T_base_camera"] = res.written_pose.tolist()
     report = dict(data.get("calibration_report") or {})
@@ -615,11 +617,13 @@ def _run_refine(cfg) -> dict:
              f"{res.contrast_before:.2f} -> {res.contrast:.2f}")
     if res.accepted:
         shift, turn = res.correction()
+        distance = "" if accept.write_distance else (
+            f"; the camera's distance to the bin left as given, the fit's {res.sight_move_m * 1e3:+.1f} mm along "
+            "the line of sight not written")
         print(f"refined T_base_camera from {len(frames)} frames: corrected by {shift * 1e3:.1f} mm and "
               f"{turn:.2f} deg (what the camera sees in the workspace moves "
-              f"{workspace_shift_mm(calib, calib.T_base_camera, res.refined_pose):.1f} mm; the camera's distance "
-              f"to the bin left as given, the fit's {res.sight_move_m * 1e3:+.1f} mm along the line of sight "
-              f"not written); {walls}; wrote {out} and {picture} "
+              f"{workspace_shift_mm(calib, calib.T_base_camera, res.refined_pose):.1f} mm{distance}); {walls}; "
+              f"wrote {out} and {picture} "
               "(red: the walls where the old calibration put them, green: refined)")
     else:
         log.warning("calibration kept as given: %s", res.reason)
