@@ -20,7 +20,8 @@ MEASURE_MM (uniform, the cell's own stream), searched within ``fit.wall_toleranc
 go to their own file (``..._walls.jsonl``), so the same cells can be compared with and without.
 ``--bin-inset-mm D`` renders the bin's walls D mm inside the workspace edges the fit is told
 (a bin that stands off the model's convention, inner faces on the edges, or a workspace
-measured a little wide), the same cells otherwise; its fits go to ``..._insetDmm.jsonl``.
+measured a little wide; negative: outside), the same cells otherwise; its fits go to
+``..._insetDmm.jsonl``.
 
 A cell is judged on the pose the command writes when it accepts the fit: the fit less its
 move along the line of sight (``without_sight_move``), computed from the stored fit, so
@@ -217,7 +218,7 @@ def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings, true: Calibratio
 
 def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     """Print a row a cell and the counts; return the counts (pose error and workspace error)."""
-    print("| cell | wall mm (h / t) | given mm / deg | written mm / deg | outcome | workspace error given / fit mm "
+    print("| cell | wall mm (h / t) | given mm / deg | written mm / deg | outcome | workspace error given / written mm "
           "| by workspace error | rival share | halves mm / deg / workspace mm | sigma mm | sigmas spanned | workspace shift mm | gain "
           "| why kept |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
