@@ -1,8 +1,10 @@
 """Refine the camera pose from the bin's walls in unlabeled frames (contract section 5).
 
 Every frame of the cell shows known geometry: the bin's walls stand on the workspace
-edges (contract section 3), their inner faces on the edges themselves (the workspace is
-what lies inside the bin), vertical, of one unknown height up to 0.06 m and one unknown thickness. Their straight
+edges (contract section 3), in this model their inner faces on the edges themselves (the
+workspace is what lies inside the bin; the contract's section 5 says the bin's outer walls
+stand there, and the validation cells stand the outer faces there, which this model does
+not yet follow: docs/experiments/2026-12-06-refine-distance-left-as-given.md), vertical, of one unknown height up to 0.06 m and one unknown thickness. Their straight
 edges (the foot of every face the camera can see, the top's inner and outer edges) are
 fitted by moving ``T_base_camera`` (and the walls' height and thickness) until the
 edges' projections lie on the frames' strongest persistent edges.
