@@ -202,13 +202,13 @@ def written_error(rec: dict, true: Calibration, acc: AcceptSettings) -> tuple[fl
     return shift * 1e3, turn
 
 
-def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings, true: Calibration) -> tuple[str, str]:
+def outcome(rec: dict, st: RefineSettings, acc: AcceptSettings, written: tuple[float, float]) -> tuple[str, str]:
     """(outcome, the decision's reason) of a stored fit under the current rule, judged on the
-    pose it writes."""
+    pose it writes (``written``: :func:`written_error`)."""
     accepted, reason = decide(rec["evidence"], st, acc)  # the contrast and correction limits: the same with measured walls
     if not accepted:
         return "kept", reason
-    mm, deg = written_error(rec, true, acc)
+    mm, deg = written
     if mm > rec["before_mm"] or deg > rec["before_deg"] + ANGLE_SLACK_DEG:
         return "wrong", reason
     if mm <= rec["before_mm"] / 2:
@@ -229,10 +229,10 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     centre_wrong = 0  # written with the camera centre farther from the truth (the angle aside)
     true = Calibration.load(default_calibration_path())  # every cell's camera (fit_cell)
     for rec in sorted(records, key=lambda r: r["cell"]):
-        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc, true)
+        mm, deg = written_error(rec, true, acc)
+        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc, (mm, deg))
         ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept", true, acc)
         e = rec["evidence"]
-        mm, deg = written_error(rec, true, acc)
         counts[out] += 1
         centre_wrong += out != "kept" and mm > rec["before_mm"]
         if rec["before_mm"] >= 5.0:

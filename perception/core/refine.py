@@ -622,8 +622,7 @@ def without_sight_move(calib: Calibration, T_given: np.ndarray, T: np.ndarray) -
     that line, and in the validation cells 14-21 mm; the distance is therefore left as
     given (``accept.write_distance: false``; docs/experiments/2026-12-06-refine-distance-left-as-given.md).
     """
-    centre = np.array([np.mean(calib.workspace_x), np.mean(calib.workspace_y), calib.table_z])
-    sight = centre - T_given[:3, 3]
+    sight = calib.workspace_center - T_given[:3, 3]
     sight /= np.linalg.norm(sight)
     move = float((T[:3, 3] - T_given[:3, 3]) @ sight)
     out = np.array(T, dtype=np.float64, copy=True)
@@ -753,9 +752,7 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
     record.update(contrast=float(contrast), contrast_before=float(before), correction_mm=shift * 1e3,
                   correction_deg=angle)
     accepted, reason = decide(record, st, acc)
-    refined, sight_move = without_sight_move(calib, T0, T)
-    if acc.write_distance:
-        refined, sight_move = T, 0.0
+    refined, sight_move = (T, 0.0) if acc.write_distance else without_sight_move(calib, T0, T)
     return RefineResult(T, float(x[6]), float(x[7]), float(contrast), float(before), shift, angle, names,
                         T_given=T0, accepted=accepted, reason=reason, evidence=record, T_refined=refined,
                         sight_move_m=sight_move)

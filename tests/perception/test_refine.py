@@ -221,8 +221,7 @@ def test_the_written_pose_keeps_the_distance_along_the_line_of_sight_and_the_res
     # edges does to it), 3 mm sideways and turned it 0.3 degrees: written without the 15 mm.
     calib = Calibration.load(default_calibration_path())
     T0 = calib.T_base_camera
-    centre = np.array([np.mean(calib.workspace_x), np.mean(calib.workspace_y), calib.table_z])
-    sight = (centre - T0[:3, 3]) / np.linalg.norm(centre - T0[:3, 3])
+    sight = (calib.workspace_center - T0[:3, 3]) / np.linalg.norm(calib.workspace_center - T0[:3, 3])
     side = np.cross(sight, [0.0, 0.0, 1.0])
     side /= np.linalg.norm(side)
     fit = perturb(T0, np.r_[0.0, np.radians(0.3), 0.0, 0.015 * sight + 0.003 * side])

@@ -63,8 +63,7 @@ def test_a_stored_fit_is_judged_on_the_pose_the_command_writes():
     # (the default), the pose written is the given one.
     true = Calibration.load(default_calibration_path())
     T = true.T_base_camera
-    centre = np.array([*true.workspace_center[:2], true.table_z])
-    sight = (centre - T[:3, 3]) / np.linalg.norm(centre - T[:3, 3])
+    sight = (true.workspace_center - T[:3, 3]) / np.linalg.norm(true.workspace_center - T[:3, 3])
     rec = {"x": [0.0] * 6, "fit_T_base_camera": perturb(T, np.r_[0, 0, 0, 0.015 * sight]).tolist(),
            "fit_mm": 15.0, "fit_deg": 0.0}
     as_fitted = _bench.written_error(rec, true, AcceptSettings.defaults(write_distance=True))

@@ -31,8 +31,7 @@ def _unit(rng: np.random.Generator) -> np.ndarray:
 def _sight_errors(true: Calibration, T: np.ndarray, T_given: np.ndarray) -> tuple[float, float]:
     """(m): the camera centre's error from the truth along the given camera's line of sight to
     the workspace centre, and across it."""
-    centre = np.array([*true.workspace_center[:2], true.table_z])
-    sight = (centre - T_given[:3, 3]) / np.linalg.norm(centre - T_given[:3, 3])
+    sight = (true.workspace_center - T_given[:3, 3]) / np.linalg.norm(true.workspace_center - T_given[:3, 3])
     err = T[:3, 3] - true.T_base_camera[:3, 3]
     along = float(err @ sight)
     return along, float(np.linalg.norm(err - along * sight))
