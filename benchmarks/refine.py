@@ -409,6 +409,11 @@ def main() -> int:
         cells = [measure_cell(folder, args.measured_walls) for folder in args.cell]
         print(json.dumps({"cells": cells}))
         return 0
+    cell = Calibration.load(default_calibration_path())
+    side_mm = 1e3 * min(cell.workspace_x[1] - cell.workspace_x[0], cell.workspace_y[1] - cell.workspace_y[0])
+    if not abs(args.bin_inset_mm) < side_mm / 4:
+        ap.error(f"--bin-inset-mm {args.bin_inset_mm:g}: the bin must stay a bin (|D| < {side_mm / 4:g} mm, a quarter "
+                 "of the workspace's shorter side)")
     if len(args.seed) > 1 and not args.replay:
         ap.error("several --seed values judge stored fits together: add --replay (fit one seed at a time)")
     if args.write and not args.replay:

@@ -87,3 +87,11 @@ def test_fits_stored_before_the_rules_evidence_are_refused_with_a_message(tmp_pa
         _bench.main()
     assert str(stored) in str(exc.value) and "[0]" in str(exc.value) and "correction_sigmas" in str(exc.value)
     assert stored.read_bytes() == before
+
+
+def test_a_bin_inset_that_leaves_no_bin_is_a_message_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["refine.py", "--cells", "1", "--bin-inset-mm", "200", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        _bench.main()
+    assert exc.value.code == 2 and "--bin-inset-mm 200" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing fitted, nothing written
