@@ -3,8 +3,9 @@ keeps the calibration as given, or writes a pose farther from the truth.
 
     .venv/bin/python benchmarks/refine.py [--cells 64] [--frames 10] [--seed 0] [--workers 2]
         [--out outputs/bench_refine] [--look natural|target] [--measured-walls] [--bin-inset-mm D]
+        [--placement outer|inner] [--bin-placement outer|inner]
         [--replay [--seed S ...] [--accept KEY=VALUE] [--write]]
-    .venv/bin/python benchmarks/refine.py --cell DIR [--cell DIR ...]
+    .venv/bin/python benchmarks/refine.py --cell DIR [--cell DIR ...] [--measured-walls] [--placement P]
 
 Each cell draws a wall height (20-60 mm, the contract's range) and thickness (3-30 mm)
 and renders ``--frames`` frames from the packaged calibration's camera exactly. The
@@ -18,10 +19,17 @@ uniformly, except every eighth cell, whose calibration is right (0-2 mm, 0-0.1 d
 would (``fit.wall_height`` and ``fit.wall_thickness``): each reading off the truth by up to
 MEASURE_MM (uniform, the cell's own stream), searched within ``fit.wall_tolerance``. Its fits
 go to their own file (``..._walls.jsonl``), so the same cells can be compared with and without.
-``--bin-inset-mm D`` renders the bin's walls D mm inside the workspace edges the fit is told
-(a bin that stands off the model's convention, inner faces on the edges, or a workspace
-measured a little wide; negative: outside), the same cells otherwise; its fits go to
-``..._insetDmm.jsonl``.
+``--placement`` is the fit's ``fit.wall_placement`` (default: the packaged one, ``outer``):
+where the walls stand on the workspace edges it is told. The twin builds the bin it is
+handed with the inner faces on the edges, so for ``outer`` each cell's bin is rendered its
+walls' thickness inside the workspace (the outer faces on the edges).
+``--bin-placement`` renders the bin the other way than the fit assumes (a user who left the
+placement at its default on a bin that stands the other way); default: as ``--placement``.
+``--bin-inset-mm D`` renders the bin's walls D mm further inside the workspace edges than
+the placement says (a bin off the convention, or a workspace measured a little wide;
+negative: outside), the same cells otherwise. Each combination's fits go to a file of their
+own (``..._insetDmm``, ``..._fitP_binQ``; the inner placement on both sides, which the
+series before ``wall_placement`` existed used, has no suffix).
 
 A cell is judged on the pose the command writes when it accepts the fit: the fit less its
 move along the line of sight (``without_sight_move``), computed from the stored fit, so
@@ -79,9 +87,11 @@ from perception.core.calibration import Calibration, default_calibration_path  #
 from perception.core.geometry import raw_pixel_to_base  # noqa: E402
 from perception.core.imageio import read_image  # noqa: E402
 from perception.core.refine import (  # noqa: E402
+    PLACEMENTS,
     AcceptSettings,
     RefineError,
     RefineSettings,
+    bin_inside,
     decide,
     perturb,
     pose_change,
@@ -129,21 +139,25 @@ def measured_walls(seed: int, draw: dict) -> dict:
     return {"wall_height": float(draw["height"] + off[0]), "wall_thickness": float(max(draw["thickness"] + off[1], 0.0))}
 
 
-def settings(seed: int, draw: dict, measured: bool) -> RefineSettings:
-    """The fit's settings for a cell: the packaged ones, with the measured walls if asked."""
-    return RefineSettings.defaults(**measured_walls(seed, draw)) if measured else RefineSettings.defaults()
+def settings(seed: int, draw: dict, measured: bool, placement: str = "inner") -> RefineSettings:
+    """The fit's settings for a cell: the packaged ones, with the measured walls if asked and
+    the walls' placement (a record stored before placements existed: ``inner``)."""
+    walls = measured_walls(seed, draw) if measured else {}
+    return RefineSettings.defaults(**walls, wall_placement=placement)
 
 
-def fit_cell(args: tuple[dict, int, int, str, bool, float]) -> dict:
+def fit_cell(args: tuple[dict, int, int, str, bool, float, str, str]) -> dict:
     """Render one cell, fit it, return everything the table and a replay need."""
     from sim_render.api import render_cell_frames  # lazy: hydra via sim_render.api
 
     cv2.setNumThreads(1)
-    draw, frames_n, seed, look, measured, inset_mm = args
+    draw, frames_n, seed, look, measured, inset_mm, placement, bin_placement = args
     true = Calibration.load(default_calibration_path())
     given = true.replace(T_base_camera=perturb(true.T_base_camera, np.asarray(draw["x"])))
-    # --bin-inset-mm: the bin rendered that far inside the workspace edges the fit is told.
-    d = inset_mm * 1e-3
+    # The twin stands the inner faces on the edges it is handed: for a bin whose outer faces
+    # stand on the workspace edges it is handed the bin's inside; --bin-inset-mm moves the
+    # bin that much further in.
+    d = inset_mm * 1e-3 + (draw["thickness"] if bin_placement == "outer" else 0.0)
     bin_cell = true.replace(workspace_x=(true.workspace_x[0] + d, true.workspace_x[1] - d),
                             workspace_y=(true.workspace_y[0] + d, true.workspace_y[1] - d))
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,12 +165,13 @@ def fit_cell(args: tuple[dict, int, int, str, bool, float]) -> dict:
                                     seed=seed * 1000 + draw["cell"], natural_surfaces=look == "natural")
         frames = [read_image(p) for p in sorted(Path(folder).glob("*.png"))]
     t0 = time.perf_counter()
-    res = refine_pose(frames, given, settings(seed, draw, measured))
+    res = refine_pose(frames, given, settings(seed, draw, measured, placement))
     before = pose_change(true.T_base_camera, given.T_base_camera)
     fit = pose_change(true.T_base_camera, res.T_base_camera)  # the fit; what is judged is written_pose(rec)
     return {**draw, "before_mm": before[0] * 1e3, "before_deg": before[1], "fit_mm": fit[0] * 1e3, "fit_deg": fit[1],
             "fit_height": res.wall_height, "fit_thickness": res.wall_thickness, "evidence": res.evidence,
             "fit_T_base_camera": res.T_base_camera.tolist(), "measured": measured,
+            "placement": placement, "bin_placement": bin_placement,
             "seconds": time.perf_counter() - t0}
 
 
@@ -230,7 +245,8 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     true = Calibration.load(default_calibration_path())  # every cell's camera (fit_cell)
     for rec in sorted(records, key=lambda r: r["cell"]):
         mm, deg = written_error(rec, true, acc)
-        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False)), acc, (mm, deg))
+        out, reason = outcome(rec, settings(seed, rec, rec.get("measured", False), rec.get("placement", "inner")), acc,
+                              (mm, deg))
         ws_out, ws_given, ws_fit = workspace_outcome(rec, out != "kept", true, acc)
         e = rec["evidence"]
         counts[out] += 1
@@ -274,10 +290,12 @@ def table(records: list[dict], seed: int, acc: AcceptSettings) -> dict:
     return summary
 
 
-def wall_mask(calib: Calibration, T: np.ndarray, height: float, thickness: float) -> np.ndarray:
-    """The bin's walls as boxes (inner faces on the workspace edges) projected through the
-    pinhole ``calib.K`` at pose ``T``: a boolean mask of the undistorted image."""
-    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+def wall_mask(calib: Calibration, T: np.ndarray, height: float, thickness: float, placement: str) -> np.ndarray:
+    """The bin's walls as boxes (standing on the workspace edges as ``placement`` says:
+    :func:`perception.core.refine.bin_inside`) projected through the pinhole ``calib.K`` at
+    pose ``T``: a boolean mask of the undistorted image."""
+    inside = bin_inside(calib, max(thickness, 0.002), placement)
+    (x0, x1), (y0, y1) = inside.workspace_x, inside.workspace_y
     z0, z1, t = calib.table_z, calib.table_z + height, max(thickness, 0.002)
     boxes = [((x0 - t, x0), (y0 - t, y1 + t)), ((x1, x1 + t), (y0 - t, y1 + t)),
              ((x0 - t, x1 + t), (y0 - t, y0)), ((x0 - t, x1 + t), (y1, y1 + t))]
@@ -308,23 +326,34 @@ def _boundary_px(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> float:
 def ruler_walls(given: Calibration, labels: list) -> tuple[float, float]:
     """The walls' height and thickness (m) as a user's ruler would read them, taken from a
     labelled cell's true per-pixel heights: the height is the wall pixels' top (99th
-    percentile); the thickness, how far the wall's top surface reaches outside the workspace
-    edge (its inner face), its pixels cast through the given calibration onto the top's
-    plane (98th percentile: a camera error of a few mm blurs it like a ruler's reading)."""
+    percentile); the thickness, how wide the wall's top surface is across each wall, its
+    pixels cast through the given calibration onto the top's plane (2nd to 98th percentile
+    across the wall, the median of the four walls: a camera error of a few mm blurs it like
+    a ruler's reading), wherever the walls stand on the workspace edges."""
     h = float(np.nanmax([np.nanpercentile(g["height"][g["label"] == 3].astype(float), 99) for g in labels]))
     (x0, x1), (y0, y1) = given.workspace_x, given.workspace_y
-    outside = []
+    points = []
     for g in labels:
         top = (g["label"] == 3) & (g["height"].astype(float) >= h - 0.003)
         v, u = np.nonzero(top)
         if len(u):
-            p = raw_pixel_to_base(np.stack([u, v], axis=1).astype(float), given, given.table_z + h)
-            outside.append(np.max([x0 - p[:, 0], p[:, 0] - x1, y0 - p[:, 1], p[:, 1] - y1], axis=0))
-    d = np.concatenate(outside) if outside else np.zeros(1)
-    return h, float(max(np.percentile(d, 98), 0.0))
+            points.append(raw_pixel_to_base(np.stack([u, v], axis=1).astype(float), given, given.table_z + h)[:, :2])
+    if not points:
+        return h, 0.0
+    p = np.concatenate(points)
+    # Each top pixel belongs to the wall whose edge it is nearest; a corner's pixels, to
+    # both walls' spans, are few against a wall's length.
+    gaps = np.abs(np.stack([p[:, 0] - x0, p[:, 0] - x1, p[:, 1] - y0, p[:, 1] - y1], axis=1))
+    nearest = np.argmin(gaps, axis=1)
+    widths = []
+    for k in range(4):
+        across = p[nearest == k, k // 2]
+        if len(across) >= 50:
+            widths.append(float(np.percentile(across, 98) - np.percentile(across, 2)))
+    return h, float(np.median(widths)) if widths else 0.0
 
 
-def measure_cell(folder: Path, measured: bool = False) -> dict:
+def measure_cell(folder: Path, measured: bool = False, placement: str = "outer") -> dict:
     """Refine on a labelled cell's frames; the walls of the given and the written calibration
     against the true wall pixels. ``measured``: the walls given as a ruler reads them
     (:func:`ruler_walls`), as the README's step 3 does."""
@@ -337,6 +366,7 @@ def measure_cell(folder: Path, measured: bool = False) -> dict:
     # do not give directly, is the one each pose's mask fits best (fair to both poses).
     h, ruler_t = ruler_walls(given, labels)
     walls = [f"fit.wall_height={h:.4f}", f"fit.wall_thickness={ruler_t:.4f}"] if measured else []
+    walls.append(f"fit.wall_placement={placement}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "refined.json"
         t0 = time.perf_counter()
@@ -353,11 +383,11 @@ def measure_cell(folder: Path, measured: bool = False) -> dict:
               "fit_correction_mm": report["fit_correction_mm"], "fit_correction_deg": report["fit_correction_deg"],
               "fit_wall_mm": [round(report["wall_height_m"] * 1e3, 1), round(report["wall_thickness_m"] * 1e3, 1)],
               "true_wall_height_mm": round(h * 1e3, 1), "ruler_thickness_mm": round(ruler_t * 1e3, 1),
-              "measured_walls": measured, "frames": len(labels), "seconds": round(seconds)}
+              "measured_walls": measured, "placement": placement, "frames": len(labels), "seconds": round(seconds)}
     for k, T in poses.items():
         best = (-1.0, 0.0, None)
         for t in np.arange(0.002, 0.0401, 0.002):
-            mask = wall_mask(given, T, h, float(t))
+            mask = wall_mask(given, T, h, float(t), placement)
             inter = union = 0
             for label in label_maps:
                 valid = label != 4  # a part in front of a wall hides it: neither mask is judged there
@@ -391,6 +421,12 @@ def main() -> int:
     ap.add_argument("--bin-inset-mm", type=float, default=0.0,
                     help="render the bin's walls this far inside the workspace edges the fit is told (a bin off "
                          "the convention, or a workspace measured a little wide); its fits go to their own file")
+    packaged = RefineSettings.defaults().wall_placement
+    ap.add_argument("--placement", choices=PLACEMENTS, default=packaged,
+                    help=f"the fit's fit.wall_placement (default {packaged}, the packaged one); the twin's bin is "
+                         "rendered so")
+    ap.add_argument("--bin-placement", choices=PLACEMENTS, default=None,
+                    help="render the bin standing this way instead (default: as --placement)")
     ap.add_argument("--replay", action="store_true", help="judge the stored fits again; fit nothing")
     ap.add_argument("--accept", action="append", default=[], metavar="KEY=VALUE",
                     help="judge with this accept setting instead of the packaged one (repeatable): a replay "
@@ -400,13 +436,15 @@ def main() -> int:
     ap.add_argument("--cell", type=Path, action="append", default=[], metavar="DIR",
                     help="a labelled cell's folder (repeatable): refine there, walls against the true wall pixels")
     args = ap.parse_args()
-    if args.cell and args.accept:
-        ap.error("--accept judges stored twin fits (--replay); with --cell the command runs as a user runs it")
+    args.bin_placement = args.bin_placement or args.placement
+    if args.cell and (args.accept or args.bin_placement != args.placement):
+        ap.error("--accept and --bin-placement belong to twin cells; with --cell the command runs as a user runs it "
+                 "on the cell's own bin")
     if args.cell:
         print("| cell | written | fit mm / deg | wall IoU given / written / fit | wall edge px given / written / fit "
               "| reason |")
         print("|---|---|---|---|---|---|")
-        cells = [measure_cell(folder, args.measured_walls) for folder in args.cell]
+        cells = [measure_cell(folder, args.measured_walls, args.placement) for folder in args.cell]
         print(json.dumps({"cells": cells}))
         return 0
     cell = Calibration.load(default_calibration_path())
@@ -462,8 +500,11 @@ def results_table(total: dict, args: argparse.Namespace) -> str:
     lo, hi = wilson_interval(ws["big_recovered"], ws["big_error_cells"])
     share = ws["big_recovered"] / max(1, ws["big_error_cells"])
     walls = "walls measured within 1 mm" if args.measured_walls else "walls fitted"
+    walls += f", the fit's walls' {args.placement} faces on the workspace edges"
+    if args.bin_placement != args.placement:
+        walls += f", the bin's {args.bin_placement} faces there"
     if args.bin_inset_mm:
-        walls += f", the bin {args.bin_inset_mm:g} mm inside the workspace edges"
+        walls += f", the bin {args.bin_inset_mm:g} mm further inside"
     return "\n".join([
         f"Twin cells of the `{args.look}` look, seeds {', '.join(map(str, args.seed))}, {args.frames} frames a cell, "
         f"{walls}; the decision rule of `conf/calibrate_refine.yaml`.", "",
@@ -479,6 +520,8 @@ def results_table(total: dict, args: argparse.Namespace) -> str:
 def judge_seed(args: argparse.Namespace, seed: int, acc: AcceptSettings) -> dict:
     """One seed's cells: fitted (those not stored yet) unless ``--replay``, judged, printed; its summary."""
     inset = f"_inset{args.bin_inset_mm:g}mm" if args.bin_inset_mm else ""
+    if (args.placement, args.bin_placement) != ("inner", "inner"):  # the series before placements: no suffix
+        inset += f"_fit{args.placement}_bin{args.bin_placement}"
     path = args.out / f"{args.look}_seed{seed}_f{args.frames}{'_walls' if args.measured_walls else ''}{inset}.jsonl"
     done = {}
     if path.exists():
@@ -501,7 +544,8 @@ def judge_seed(args: argparse.Namespace, seed: int, acc: AcceptSettings) -> dict
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         print(f"fitting {len(todo)} cells ({len(done)} stored in {path}) on {args.workers} worker(s)", file=sys.stderr)
         with ProcessPoolExecutor(max_workers=args.workers) as pool, path.open("a") as fh:
-            jobs = [(d, args.frames, seed, args.look, args.measured_walls, args.bin_inset_mm) for d in todo]
+            jobs = [(d, args.frames, seed, args.look, args.measured_walls, args.bin_inset_mm, args.placement,
+                     args.bin_placement) for d in todo]
             for k, rec in enumerate(pool.map(fit_cell, jobs), 1):
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()  # a line a cell: a stopped run loses at most the cells in flight

@@ -23,7 +23,11 @@ __all__ = ["CellBodies", "Cell", "BIN_WALL_HEIGHT", "BIN_WALL_THICKNESS"]
 
 #: Height of the bin walls above the table, metres (contract: up to 0.06 m).
 BIN_WALL_HEIGHT = 0.06
-#: Thickness of the bin walls, metres; they stand just outside the workspace edges.
+#: Thickness of the bin walls, metres. The twin stands them just outside the workspace
+#: edges (their inner faces on the edges); the contract's section 5 words it the other way
+#: ("the bin's outer walls stand on the workspace edges"), as ``sim2real-calibrate refine``
+#: assumes by default and the validation cells build it: a bin 2 thicknesses narrower
+#: inside than the twin's (docs/experiments/2026-12-06-refine-walls-outer-faces-on-the-edges.md).
 BIN_WALL_THICKNESS = 0.01
 #: Thickness of the table top slab, metres.
 TABLE_THICKNESS = 0.05

@@ -1,10 +1,13 @@
 """Refine the camera pose from the bin's walls in unlabeled frames (contract section 5).
 
 Every frame of the cell shows known geometry: the bin's walls stand on the workspace
-edges (contract section 3), in this model their inner faces on the edges themselves (the
-workspace is what lies inside the bin; the contract's section 5 says the bin's outer walls
-stand there, and the validation cells stand the outer faces there, which this model does
-not yet follow: docs/experiments/2026-12-06-refine-distance-left-as-given.md), vertical, of one unknown height up to 0.06 m and one unknown thickness. Their straight
+edges (contract section 3), by default their outer faces on the edges, the walls inside
+the workspace, as the contract's section 5 words it for this command ("the bin's outer
+walls stand on the workspace edges") and as the validation cells build it;
+``fit.wall_placement: inner`` stands their inner faces there instead (a workspace that is
+the bin's inside; the twin's bin, ``sim_render/cell.py``):
+docs/experiments/2026-12-06-refine-walls-outer-faces-on-the-edges.md. The walls are
+vertical, of one unknown height up to 0.06 m and one unknown thickness. Their straight
 edges (the foot of every face the camera can see, the top's inner and outer edges) are
 fitted by moving ``T_base_camera`` (and the walls' height and thickness) until the
 edges' projections lie on the frames' strongest persistent edges.
@@ -17,8 +20,9 @@ correspondence is needed, which is what a cluttered, textured bin would make fra
 
 The fit (:func:`refine_pose`): starts at the calibration itself and at the best peaks of
 a coarse table over the two rotations that move the whole image; from each, Nelder-Mead
-on less and less smoothed evidence (inner edges, with a prior towards a small correction),
-the thickness from the outer edges, then Gauss-Newton on every sample point's distance to
+on less and less smoothed evidence (the walls at a start thickness, :func:`_start_thickness`,
+with a prior towards a small correction),
+the thickness from the edges it moves, then Gauss-Newton on every sample point's distance to
 its edge; the fit that lays the most edge strength on its lines wins. What is written when
 the fit is strong enough (:func:`decide`) is its turn and its sideways move; its move along
 the line of sight to the bin is left as given (:func:`without_sight_move`). Measured in the twin:
@@ -45,7 +49,7 @@ from perception.core.frames import rotation_angle
 
 __all__ = [
     "RefineError", "RefineSettings", "AcceptSettings", "RefineResult", "decide", "edge_evidence", "wall_lines", "refine_pose", "pose_change",
-    "undistorted_median", "draw_fit",
+    "undistorted_median", "draw_fit", "bin_inside", "PLACEMENTS",
 ]
 
 
@@ -54,6 +58,13 @@ log = logging.getLogger("sim2real.calibrate")
 
 class RefineError(ValueError):
     """No walls found, or a correction beyond what a calibration error can be."""
+
+
+#: Where the walls stand on the workspace edges (``fit.wall_placement``): ``outer``, their
+#: outer faces on the edges and the walls inside the workspace (the contract's section 5);
+#: ``inner``, their inner faces there, the walls outside it (the workspace is the bin's
+#: inside, as the twin builds it: ``sim_render/cell.py``).
+PLACEMENTS = ("outer", "inner")
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class RefineSettings:
     wall_height: float | None
     wall_thickness: float | None
     wall_tolerance: float
+    wall_placement: str
 
     @classmethod
     def from_config(cls, fit: Any) -> RefineSettings:
@@ -115,6 +127,10 @@ class RefineSettings:
                 raise RefineError(f"fit.wall_thickness must be in metres within [0, 0.05], got {t!r}; "
                                   "null: fitted within fit.thickness_range")
             st = replace(st, thickness_range=(max(float(t) - tol, 0.0), float(t) + tol))
+        if st.wall_placement not in PLACEMENTS:
+            raise RefineError(f"fit.wall_placement must be one of {list(PLACEMENTS)}, got {st.wall_placement!r}: "
+                              "outer (the walls' outer faces on the workspace edges, contract section 5) or "
+                              "inner (their inner faces there: the workspace is the bin's inside)")
         if st.max_frames < 1 or st.samples_per_edge < 8 or not st.scales_px:
             raise RefineError("fit.max_frames >= 1, fit.samples_per_edge >= 8 and one fit.scales_px at least")
         if not st.prior_weight >= 0:
@@ -192,6 +208,7 @@ class RefineResult:
     evidence: dict = field(default_factory=dict)
     T_refined: np.ndarray | None = None  # the fit less its move along the line of sight (:func:`without_sight_move`)
     sight_move_m: float = 0.0            # that move, left out (+: towards the bin)
+    wall_placement: str = "inner"        # where the model stood the walls (:data:`PLACEMENTS`)
 
     @property
     def refined_pose(self) -> np.ndarray:
@@ -220,6 +237,7 @@ class RefineResult:
             "fit_T_base_camera": np.round(self.T_base_camera, 9).tolist(),  # the fit, written or not
             "wall_height_m": round(self.wall_height, 4),
             "wall_thickness_m": round(self.wall_thickness, 4),
+            "wall_placement": self.wall_placement,
             "edge_contrast": round(self.contrast, 3),
             "edge_contrast_before": round(self.contrast_before, 3),
             "edges": self.edges_used,
@@ -249,16 +267,31 @@ def pose_change(T_a: np.ndarray, T_b: np.ndarray) -> tuple[float, float]:
     return float(np.linalg.norm(T_a[:3, 3] - T_b[:3, 3])), math.degrees(rotation_angle(T_a[:3, :3], T_b[:3, :3]))
 
 
+def bin_inside(calib: Calibration, thickness: float, placement: str) -> Calibration:
+    """``calib`` with the workspace narrowed to the bin's inside: by ``thickness`` on every
+    side where the walls' outer faces stand on the edges (``placement`` ``outer``), as it is
+    where their inner faces do (``inner``)."""
+    if placement == "inner" or thickness == 0:
+        return calib
+    t = float(thickness)
+    return calib.replace(workspace_x=(calib.workspace_x[0] + t, calib.workspace_x[1] - t),
+                         workspace_y=(calib.workspace_y[0] + t, calib.workspace_y[1] - t))
+
+
 def wall_lines(
-    calib: Calibration, height: float, thickness: float, camera: np.ndarray | None = None
+    calib: Calibration, height: float, thickness: float, camera: np.ndarray | None = None,
+    placement: str = "inner",
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """The walls' straight edges the camera can see, in the base frame: ``(name, start, end)``.
 
-    Each wall's inner face stands on a workspace edge; its outer face ``thickness`` further
-    out (no outer edges for a thickness of 0). The top's edges always show (the camera is
-    above the walls); the foot of a face only where the camera is on that face's side.
+    Each wall's inner face stands on a workspace edge (``placement`` ``inner``) or
+    ``thickness`` inside it (``outer``: the outer face on the edge); the outer face is
+    ``thickness`` beyond the inner (no outer edges for a thickness of 0). The top's edges
+    always show (the camera is above the walls); the foot of a face only where the camera
+    is on that face's side.
     """
-    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    inside = bin_inside(calib, thickness, placement)
+    (x0, x1), (y0, y1) = inside.workspace_x, inside.workspace_y
     z0, z1 = calib.table_z, calib.table_z + height
     cam = calib.camera_position if camera is None else camera
     walls = [  # name, axis, coordinate, inward sign, the other axis' span
@@ -285,7 +318,8 @@ def wall_lines(
 
 
 def _occluded(points: np.ndarray, cam: np.ndarray, calib: Calibration, height: float) -> np.ndarray:
-    """Points hidden behind a wall (thin walls at the inner faces) from ``cam``."""
+    """Points hidden behind a wall (thin walls at the inner faces, ``calib``'s workspace
+    edges: :func:`bin_inside`) from ``cam``."""
     (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
     z0, z1 = calib.table_z, calib.table_z + height
     hidden = np.zeros(len(points), dtype=bool)
@@ -339,7 +373,8 @@ def _bilinear(img: np.ndarray, uv: np.ndarray) -> np.ndarray:
 
 
 def _visible_lines(calib: Calibration, T: np.ndarray, height: float, thickness: float, samples: int,
-                   margin_px: float, min_separation_px: float) -> tuple[list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], int]:
+                   margin_px: float, min_separation_px: float,
+                   placement: str) -> tuple[list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], int]:
     """The wall edges' sample points that are seen: ``(name, points in B, pixels, unit normal)``,
     and how many lines were left out as seen edge-on.
 
@@ -353,12 +388,13 @@ def _visible_lines(calib: Calibration, T: np.ndarray, height: float, thickness: 
     s = np.linspace(0.02, 0.98, samples)
     cam = T[:3, 3]
     out, mids = [], {}
-    for name, a, b in wall_lines(calib, height, thickness, cam):
+    inside = bin_inside(calib, thickness, placement)
+    for name, a, b in wall_lines(inside, height, thickness, cam):
         pts = a[None] + s[:, None] * (b - a)[None]
         if np.any((pts - cam) @ T[:3, 2] <= 0.05):
             continue
         mids[name] = _project(T, calib.K, ((a + b) / 2)[None])[0]
-        pts = pts[~_occluded(pts, cam, calib, height)]
+        pts = pts[~_occluded(pts, cam, inside, height)]
         uv = _project(T, calib.K, pts)
         keep = (uv[:, 0] > margin_px) & (uv[:, 0] < w - 1 - margin_px) & \
                (uv[:, 1] > margin_px) & (uv[:, 1] < h - 1 - margin_px)
@@ -388,8 +424,10 @@ class _Objective:
     ``mean``: the mean over the lines (the fit's target while the pose is found: every
     line counts alike). ``excess``: the strength above typical summed over the lines
     (choosing between fits: one that lays more lines on edges is better). ``lines``:
-    ``all`` or ``outer`` (the outer face's edges alone: the thickness). A line left out as
-    seen edge-on counts as a typical edge, so no fit wins by hiding lines.
+    ``all``, the inner faces' edges alone (``inner``: what the search fits), or the edges the
+    thickness moves alone (``thickness``: the outer face's where the inner faces stand on the
+    edges, the inner face's where the outer faces do). A line left out as seen edge-on
+    counts as a typical edge, so no fit wins by hiding lines.
     """
 
     def __init__(self, evidence: np.ndarray, calib: Calibration, st: RefineSettings, samples: int,
@@ -399,9 +437,13 @@ class _Objective:
         self.typical = float(np.median(np.sqrt(np.maximum(evidence[..., 0] + evidence[..., 1], 0)))) + 1e-9
 
     def __call__(self, T: np.ndarray, height: float, thickness: float, detail: bool = False):
-        lines, edge_on = _visible_lines(self.calib, T, height, thickness, self.samples, 2.0, self.st.min_separation_px)
-        if self.lines == "outer":
-            lines, edge_on = [line for line in lines if "/outer" in line[0]], 0
+        lines, edge_on = _visible_lines(self.calib, T, height, thickness, self.samples, 2.0, self.st.min_separation_px,
+                                        self.st.wall_placement)
+        if self.lines == "thickness":
+            moved = "/outer" if self.st.wall_placement == "inner" else "/inner"
+            lines, edge_on = [line for line in lines if moved in line[0]], 0
+        elif self.lines == "inner":
+            lines = [line for line in lines if "/inner" in line[0]]
         scores = [float(_strength(self.ev, uv, n).mean()) / self.typical for _name, _pts, uv, n in lines]
         scores += [1.0] * edge_on
         if self.total == "excess":
@@ -476,7 +518,7 @@ def _edge_offsets(evidence: np.ndarray, calib: Calibration, T: np.ndarray, heigh
     """
     steps = np.arange(-st.reach_px, st.reach_px + 1e-9, 0.5)
     lines, _edge_on = _visible_lines(calib, T, height, thickness, st.samples_per_edge, st.reach_px + 2,
-                                     st.min_separation_px)
+                                     st.min_separation_px, st.wall_placement)
     offsets = []
     for _name, _pts, uv, n in lines:
         prof = np.stack([_strength(evidence, uv + o * n, n) for o in steps], axis=1)
@@ -514,7 +556,7 @@ def _normal_equations(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, 
         Ty = perturb(T0, y[:6])
         col = []
         for (name, pts, uv, n) in lines:
-            moved = _moved_points(name, pts, x, y, calib)
+            moved = _moved_points(name, pts, x, y, st.wall_placement)
             col.append((_project(Ty, calib.K, moved) - uv) @ n / eps)
         J[:, i] = np.concatenate(col)
     r, Jg = off[good], J[good]
@@ -528,7 +570,7 @@ def _normal_equations(evidence: np.ndarray, calib: Calibration, T0: np.ndarray, 
         if on.any():
             wgt[on] /= 1.0 + (np.median(r[on]) / st.line_bias_px) ** 2
     A = Jg.T @ (Jg * wgt[:, None])
-    A += np.eye(8) * 1e-9 * np.trace(A)  # the thickness is unseen when no outer face shows
+    A += np.eye(8) * 1e-9 * np.trace(A)  # the thickness is unseen when no face it moves shows
     return A, Jg.T @ (wgt * r), float(scale), len(np.unique(line_of))
 
 
@@ -630,16 +672,20 @@ def without_sight_move(calib: Calibration, T_given: np.ndarray, T: np.ndarray) -
     return out, move
 
 
-def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, calib: Calibration) -> np.ndarray:
-    """The same sample points on the walls of height ``y[6]`` and thickness ``y[7]``."""
+def _moved_points(name: str, pts: np.ndarray, x: np.ndarray, y: np.ndarray, placement: str) -> np.ndarray:
+    """The same sample points on the walls of height ``y[6]`` and thickness ``y[7]``: a
+    thicker wall moves its outer face out where the inner face stands on the edge, and its
+    inner face in where the outer face does."""
     moved = pts.copy()
     wall, kind = name.split("/")
     if kind.endswith("top"):
         moved[:, 2] += y[6] - x[6]
-    if kind.startswith("outer"):
-        axis = 0 if wall.startswith("x") else 1
-        inward = 1.0 if wall.endswith("min") else -1.0
+    axis = 0 if wall.startswith("x") else 1
+    inward = 1.0 if wall.endswith("min") else -1.0
+    if placement == "inner" and kind.startswith("outer"):
         moved[:, axis] -= inward * (y[7] - x[7])
+    elif placement == "outer" and kind.startswith("inner"):
+        moved[:, axis] += inward * (y[7] - x[7])
     return moved
 
 
@@ -651,12 +697,13 @@ def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
     textured floor or a wall's two top edges can make a wrong peak the highest there.
     """
     (h_lo, h_hi), span = st.height_range, math.radians(st.search_deg)
-    coarse = _Objective(coarsest, calib, st, max(40, st.samples_per_edge // 4))
+    coarse = _Objective(coarsest, calib, st, max(40, st.samples_per_edge // 4), lines="inner")
     grid = np.arange(-span, span + 1e-9, math.radians(st.search_step_deg))
     heights = np.arange(h_lo, h_hi + 1e-9, st.height_step)
-    table = np.array([[[coarse(perturb(T0, np.array([wx, wy, 0, 0, 0, 0])), h, 0.0) for h in heights]
+    t0 = _start_thickness(st)
+    table = np.array([[[coarse(perturb(T0, np.array([wx, wy, 0, 0, 0, 0])), h, t0) for h in heights]
                        for wy in grid] for wx in grid])
-    starts = [np.array([0, 0, 0, 0, 0, 0, h, 0.0]) for h in np.linspace(h_lo, h_hi, st.start_heights)]
+    starts = [np.array([0, 0, 0, 0, 0, 0, h, t0]) for h in np.linspace(h_lo, h_hi, st.start_heights)]
     flat = table.max(axis=2)
     taken = np.zeros_like(flat, dtype=bool)
     gap = st.peak_spacing
@@ -665,9 +712,17 @@ def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
             break
         a, b = np.unravel_index(idx, flat.shape)
         if not taken[a, b]:
-            starts.append(np.array([grid[a], grid[b], 0, 0, 0, 0, heights[int(np.argmax(table[a, b]))], 0.0]))
+            starts.append(np.array([grid[a], grid[b], 0, 0, 0, 0, heights[int(np.argmax(table[a, b]))], t0]))
             taken[max(0, a - gap):a + gap + 1, max(0, b - gap):b + gap + 1] = True
     return starts
+
+
+def _start_thickness(st: RefineSettings) -> float:
+    """The wall thickness the search holds while it finds the pose. Where the inner faces
+    stand on the edges, 0: the inner edges alone, which the thickness does not move. Where
+    the outer faces do, the inner faces lie a thickness inside, so the search holds the
+    middle of ``thickness_range`` (the measurement, when the walls were measured)."""
+    return 0.0 if st.wall_placement == "inner" else float(np.mean(st.thickness_range))
 
 
 def _prior(z: np.ndarray, st: RefineSettings) -> float:
@@ -685,14 +740,16 @@ def _prior(z: np.ndarray, st: RefineSettings) -> float:
                               + (math.degrees(float(np.linalg.norm(z[:3]))) / st.max_rotation_deg) ** 2)
 
 
-def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, sharp: np.ndarray,
+def _fit_from(start: np.ndarray, fine: list[_Objective], moved: _Objective, sharp: np.ndarray,
               calib: Calibration, T0: np.ndarray, st: RefineSettings) -> np.ndarray:
-    """One start through less and less smoothed evidence (``fine``: inner edges,
-    Nelder-Mead), then the thickness from the outer edges alone (``outer``), then least
-    squares on all of them (on ``sharp``, the least smoothed evidence)."""
+    """One start through less and less smoothed evidence (``fine``: the walls at the start
+    thickness, :func:`_start_thickness`; Nelder-Mead), then the thickness from the edges it
+    moves alone (``moved``), then least squares on all of them (on ``sharp``, the least
+    smoothed evidence)."""
     (h_lo, h_hi), (t_lo, t_hi) = st.height_range, st.thickness_range
     lim = np.array([math.radians(st.search_deg)] * 3 + [st.max_shift_m * 1.5] * 3)
-    lo, hi = np.r_[-lim, h_lo, 0.0], np.r_[lim, h_hi, 0.0]
+    t_start = _start_thickness(st)
+    lo, hi = np.r_[-lim, h_lo, t_start], np.r_[lim, h_hi, t_start]
     y, steps = start, np.array([math.radians(0.2)] * 3 + [0.004] * 3 + [0.004, 0.004])
     for obj in fine:
         for _restart in range(st.restarts):  # a fresh simplex escapes one that collapsed on a ridge
@@ -702,8 +759,10 @@ def _fit_from(start: np.ndarray, fine: list[_Objective], outer: _Objective, shar
     if t_hi > 0:
         T = perturb(T0, y[:6])
         cands = np.arange(max(t_lo, 0.001), t_hi + 1e-9, 0.0005)
-        vals = [outer(T, y[6], t) for t in cands]
-        y[7] = cands[int(np.argmax(vals))] if max(vals) >= st.min_contrast - 1.0 else 0.0
+        vals = [moved(T, y[6], t) for t in cands]
+        # No outer face found (inner placement): walls too thin to show one, thickness 0.
+        # The inner faces (outer placement) always show; without an edge the start stays.
+        y[7] = cands[int(np.argmax(vals))] if max(vals) >= st.min_contrast - 1.0 else t_start
         lo[7], hi[7] = (t_lo, t_hi) if y[7] > 0 else (0.0, 0.0)
     return _least_squares(sharp, calib, T0, y, lo, hi, st)
 
@@ -732,13 +791,13 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
     evidence = edge_evidence(frames, calib, st.clip_percentile)
     # Each smoothing once, shared by every start.
     blurred = [_smoothed(evidence, sigma) for sigma in st.scales_px]
-    fine = [_Objective(b, calib, st, st.samples_per_edge) for b in blurred]
-    outer = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess", lines="outer")
+    fine = [_Objective(b, calib, st, st.samples_per_edge, lines="inner") for b in blurred]
+    moved = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess", lines="thickness")
     explained = _Objective(blurred[-1], calib, st, st.samples_per_edge, total="excess")
     starts = _starts(blurred[0], calib, T0, st)
     fits, t0 = [], time.monotonic()
     for k, start in enumerate(starts):  # about 3-5 s each on one core (the progress a user sees)
-        fits.append(_fit_from(start, fine, outer, blurred[-1], calib, T0, st))
+        fits.append(_fit_from(start, fine, moved, blurred[-1], calib, T0, st))
         log.info("fit %d/%d done (%.0f s)", k + 1, len(starts), time.monotonic() - t0)
     scores = [explained(perturb(T0, y[:6]), y[6], y[7]) for y in fits]
     best = int(np.argmax(scores))
@@ -755,7 +814,7 @@ def refine_pose(frames: list[np.ndarray], calib: Calibration, settings: RefineSe
     refined, sight_move = (T, 0.0) if acc.write_distance else without_sight_move(calib, T0, T)
     return RefineResult(T, float(x[6]), float(x[7]), float(contrast), float(before), shift, angle, names,
                         T_given=T0, accepted=accepted, reason=reason, evidence=record, T_refined=refined,
-                        sight_move_m=sight_move)
+                        sight_move_m=sight_move, wall_placement=st.wall_placement)
 
 
 def _evidence(frames: list[np.ndarray], sharp: np.ndarray, calib: Calibration, st: RefineSettings, acc: AcceptSettings,
@@ -870,7 +929,7 @@ def draw_fit(image: np.ndarray, calib: Calibration, before: np.ndarray, result: 
     out = image.copy()
     after = (60, 255, 60) if result.accepted else (255, 220, 0)
     for T, color in ((before, (255, 60, 60)), (result.refined_pose if result.accepted else result.T_base_camera, after)):
-        for _name, a, b in wall_lines(calib, result.wall_height, result.wall_thickness, T[:3, 3]):
+        for _name, a, b in wall_lines(calib, result.wall_height, result.wall_thickness, T[:3, 3], result.wall_placement):
             pa, pb = _project(T, calib.K, np.stack([a, b]))
             cv2.line(out, tuple(int(round(v)) for v in pa), tuple(int(round(v)) for v in pb), color, 1, cv2.LINE_AA)
     return out

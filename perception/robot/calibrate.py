@@ -43,6 +43,7 @@ from perception.core.refine import (
     AcceptSettings,
     RefineError,
     RefineSettings,
+    bin_inside,
     draw_fit,
     refine_pose,
     undistorted_median,
@@ -594,13 +595,19 @@ def _run_refine(cfg) -> dict:
         except CalibrationError as exc:
             res.accepted, res.reason = False, f"{would_write} would not see the workspace: {exc}"
         else:
-            before, after = calib.workspace_visible_share(), refined.workspace_visible_share()
             # A fit that slides along the walls' edges moves the workspace in the frame; one that
-            # takes more of it out of view than the calibration did is more likely that slide
-            # than the camera's error.
+            # takes more of the bin's inside (where the parts lie) out of view than the calibration
+            # did is more likely that slide than the camera's error. Not the whole workspace: where
+            # the walls stand inside it (fit.wall_placement: outer) its edges are the walls' outer
+            # faces, often at the image's border, and a right correction can put a sliver of wall out.
+            def inside(c: Calibration) -> Calibration:
+                return bin_inside(c, res.wall_thickness, res.wall_placement)
+
+            before, after = inside(calib).workspace_visible_share(), inside(refined).workspace_visible_share()
             if after < before:
+                where = "the bin's inside" if inside(calib) is not calib else "the workspace"
                 res.accepted, res.reason = False, (
-                    f"{would_write} would see {100 * after:.1f}% of the workspace where the calibration sees "
+                    f"{would_write} would see {100 * after:.1f}% of {where} where the calibration sees "
                     f"{100 * before:.1f}%; if the fit is right, the camera or the workspace must move")
     data["T_base_camera"] = res.written_pose.tolist()
     report = dict(data.get("calibration_report") or {})

@@ -17,6 +17,7 @@ from perception.core.refine import (
     AcceptSettings,
     RefineError,
     RefineSettings,
+    bin_inside,
     correction_sigmas,
     decide,
     perturb,
@@ -188,6 +189,30 @@ def test_the_edges_looked_for_follow_the_camera():
     for name, a, b in wall_lines(calib, 0.05, 0.01):
         z = calib.table_z + (0.05 if name.endswith("top") else 0.0)
         assert a[2] == pytest.approx(z) and b[2] == pytest.approx(z)
+
+
+def test_the_outer_placement_stands_the_outer_faces_on_the_workspace_edges():
+    """Contract section 5: the bin's outer walls stand on the workspace edges. With
+    ``outer`` the outer top edges lie on the edges and the inner faces a thickness inside;
+    ``inner`` puts the inner faces there, and the outer model is the inner one on the bin's
+    inside (``bin_inside``): the same lines."""
+    calib = Calibration.load(default_calibration_path())
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    t = 0.012
+    outer = {name: (a, b) for name, a, b in wall_lines(calib, 0.05, t, placement="outer")}
+    inner = {name: (a, b) for name, a, b in wall_lines(calib, 0.05, t, placement="inner")}
+    assert outer["x_min/outer_top"][0][0] == pytest.approx(x0) and outer["x_max/outer_top"][0][0] == pytest.approx(x1)
+    assert outer["y_min/outer_top"][0][1] == pytest.approx(y0) and outer["y_max/outer_top"][0][1] == pytest.approx(y1)
+    assert outer["x_min/inner_top"][0][0] == pytest.approx(x0 + t) and outer["y_max/inner_top"][0][1] == pytest.approx(y1 - t)
+    assert inner["x_min/inner_top"][0][0] == pytest.approx(x0) and inner["x_min/outer_top"][0][0] == pytest.approx(x0 - t)
+    same = {name: (a, b) for name, a, b in wall_lines(bin_inside(calib, t, "outer"), 0.05, t, placement="inner")}
+    assert same.keys() == outer.keys()
+    for name in same:
+        np.testing.assert_allclose(np.stack(same[name]), np.stack(outer[name]))
+    assert bin_inside(calib, t, "inner") is calib
+    assert RefineSettings.defaults().wall_placement == "outer"  # the contract's wording is the default
+    with pytest.raises(RefineError, match="wall_placement"):
+        RefineSettings.defaults(wall_placement="middle")
 
 
 def test_settings_come_from_the_config_and_are_checked():

@@ -82,7 +82,7 @@ def test_fits_stored_before_the_rules_evidence_are_refused_with_a_message(tmp_pa
     stored.write_text(json.dumps(old) + "\n")
     before = stored.read_bytes()
     monkeypatch.setattr("sys.argv", ["refine.py", "--replay", "--cells", "1", "--seed", "0", "--measured-walls",
-                                     "--out", str(tmp_path)])
+                                     "--placement", "inner", "--out", str(tmp_path)])
     with pytest.raises(SystemExit) as exc:
         _bench.main()
     assert str(stored) in str(exc.value) and "[0]" in str(exc.value) and "correction_sigmas" in str(exc.value)
