@@ -500,7 +500,7 @@ def results_table(total: dict, args: argparse.Namespace) -> str:
     lo, hi = wilson_interval(ws["big_recovered"], ws["big_error_cells"])
     share = ws["big_recovered"] / max(1, ws["big_error_cells"])
     walls = "walls measured within 1 mm" if args.measured_walls else "walls fitted"
-    walls += f", the fit's walls' {args.placement} faces on the workspace edges"
+    walls += f", the walls' {args.placement} faces on the workspace edges"
     if args.bin_placement != args.placement:
         walls += f", the bin's {args.bin_placement} faces there"
     if args.bin_inset_mm:
