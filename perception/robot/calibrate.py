@@ -560,6 +560,24 @@ def _run_handeye(cfg) -> dict:
     return res
 
 
+def _sees_less(calib: Calibration, refined: Calibration, thickness: float, placement: str) -> str | None:
+    """What the refined pose sees less of than the calibration (a phrase), or None.
+
+    A fit that slides along the walls' edges moves the workspace in the frame; one that takes
+    more of the bin's inside (where the parts lie) out of view than the calibration did is
+    more likely that slide than the camera's error. Not the whole workspace: where the walls
+    stand inside it (``fit.wall_placement: outer``) its edges are the walls' outer faces, at
+    the image's border in the validation cells, and a right correction there put a sliver of
+    wall out of view.
+    """
+    inside_given, inside_refined = bin_inside(calib, thickness, placement), bin_inside(refined, thickness, placement)
+    before, after = inside_given.workspace_visible_share(), inside_refined.workspace_visible_share()
+    if after >= before:
+        return None
+    where = "the workspace" if inside_given is calib else "the bin's inside"
+    return f"{100 * after:.1f}% of {where} where the calibration sees {100 * before:.1f}%"
+
+
 def _run_refine(cfg) -> dict:
     """Refine ``T_base_camera`` on the bin's walls; write the refined pose when the fit's
     evidence is strong, the calibration as given otherwise (with the reason, in the
@@ -595,20 +613,10 @@ def _run_refine(cfg) -> dict:
         except CalibrationError as exc:
             res.accepted, res.reason = False, f"{would_write} would not see the workspace: {exc}"
         else:
-            # A fit that slides along the walls' edges moves the workspace in the frame; one that
-            # takes more of the bin's inside (where the parts lie) out of view than the calibration
-            # did is more likely that slide than the camera's error. Not the whole workspace: where
-            # the walls stand inside it (fit.wall_placement: outer) its edges are the walls' outer
-            # faces, often at the image's border, and a right correction can put a sliver of wall out.
-            def inside(c: Calibration) -> Calibration:
-                return bin_inside(c, res.wall_thickness, res.wall_placement)
-
-            before, after = inside(calib).workspace_visible_share(), inside(refined).workspace_visible_share()
-            if after < before:
-                where = "the bin's inside" if inside(calib) is not calib else "the workspace"
+            less = _sees_less(calib, refined, res.wall_thickness, res.wall_placement)
+            if less:
                 res.accepted, res.reason = False, (
-                    f"{would_write} would see {100 * after:.1f}% of {where} where the calibration sees "
-                    f"{100 * before:.1f}%; if the fit is right, the camera or the workspace must move")
+                    f"{would_write} would see {less}; if the fit is right, the camera or the workspace must move")
     data["T_base_camera"] = res.written_pose.tolist()
     report = dict(data.get("calibration_report") or {})
     report["refine"] = {**res.report(), "frames": [files[i].name for i in picks], "from": str(cal_path)}

@@ -258,3 +258,23 @@ def test_the_written_pose_keeps_the_distance_along_the_line_of_sight_and_the_res
     across = perturb(T0, np.r_[0.0, 0.0, 0.0, 0.004 * side])
     same, none = without_sight_move(calib, T0, across)
     assert abs(none) < 1e-12 and np.allclose(same, across)
+
+
+def test_the_visibility_check_weighs_the_bins_inside_where_the_walls_stand_inside_the_workspace():
+    """A pose that puts a sliver of the workspace's edge out of view but sees all of the
+    bin's inside is not refused when the walls stand inside the workspace (their outer
+    faces on its edges); it is when the workspace is the bin's inside, and so is a pose that
+    cuts into the bin's inside."""
+    from perception.robot.calibrate import _sees_less
+
+    calib = Calibration.load(default_calibration_path())
+
+    def turned(deg: float) -> Calibration:
+        return calib.replace(T_base_camera=perturb(calib.T_base_camera, np.r_[np.radians(deg), 0, 0, 0, 0, 0]))
+
+    sliver, deep = turned(9.0), turned(14.0)
+    assert sliver.workspace_visible_share() < 1.0 == bin_inside(sliver, 0.03, "outer").workspace_visible_share()
+    assert _sees_less(calib, sliver, 0.03, "outer") is None
+    assert "of the workspace where" in _sees_less(calib, sliver, 0.03, "inner")
+    assert bin_inside(deep, 0.03, "outer").workspace_visible_share() < 1.0
+    assert "of the bin's inside where" in _sees_less(calib, deep, 0.03, "outer")
