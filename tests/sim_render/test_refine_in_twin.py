@@ -154,17 +154,19 @@ def test_a_bin_off_the_workspace_edges_does_not_slide_the_written_camera(tmp_pat
 @pytest.mark.slow  # about 60 s: 10 frames rendered and fitted
 def test_the_default_refines_a_bin_whose_outer_faces_stand_on_the_workspace_edges(tmp_path):
     """The contract's bin (section 5: the outer walls on the workspace edges; the walls
-    20 mm thick inside the workspace), the command's defaults, the walls unmeasured, the
-    calibration 4 mm and 0.3 degree off: the pose written puts what the camera sees in the
-    workspace within 1.5 mm of the truth (the error a grasp carries)."""
+    12 mm thick inside the workspace), the command's defaults with the walls measured as the
+    README's step 3 does (a ruler: 1 mm off), the calibration 4 mm and 0.3 degree off: the
+    pose written puts what the camera sees in the workspace within 1.5 mm of the truth (the
+    error a grasp carries)."""
     true = Calibration.load(default_calibration_path())
     rng = np.random.default_rng(35)
     x = np.r_[_unit(rng) * math.radians(0.3), _unit(rng) * 0.004]
     off = true.replace(T_base_camera=perturb(true.T_base_camera, x))
     off.save(tmp_path / "off.json")
-    folder = render_cell_frames(tmp_path / "frames", bin_inside(true, 0.02, "outer"), 10, 0.045, 0.02, seed=5)
+    folder = render_cell_frames(tmp_path / "frames", bin_inside(true, 0.012, "outer"), 10, 0.045, 0.012, seed=5)
     out = tmp_path / "refined.json"
-    assert main(["refine", f"calibration={tmp_path / 'off.json'}", f"real_dir={folder}", f"out={out}"]) == 0
+    assert main(["refine", f"calibration={tmp_path / 'off.json'}", f"real_dir={folder}", f"out={out}",
+                 "fit.wall_height=0.046", "fit.wall_thickness=0.013"]) == 0
     refined = json.loads(out.read_text())
     report = refined["calibration_report"]["refine"]
     assert report["wall_placement"] == "outer" and report["written"] == "refined", report["reason"]
@@ -172,4 +174,4 @@ def test_the_default_refines_a_bin_whose_outer_faces_stand_on_the_workspace_edge
     given_ws = workspace_shift_mm(true, true.T_base_camera, off.T_base_camera)
     written_ws = workspace_shift_mm(true, true.T_base_camera, written)
     assert given_ws > 3.0 and written_ws <= 1.5, (given_ws, written_ws)
-    assert abs(report["wall_thickness_m"] - 0.02) < 0.003
+    assert abs(report["wall_thickness_m"] - 0.012) < 0.003
