@@ -157,9 +157,7 @@ def fit_cell(args: tuple[dict, int, int, str, bool, float, str, str]) -> dict:
     # The twin stands the inner faces on the edges it is handed: for a bin whose outer faces
     # stand on the workspace edges it is handed the bin's inside; --bin-inset-mm moves the
     # bin that much further in.
-    d = inset_mm * 1e-3 + (draw["thickness"] if bin_placement == "outer" else 0.0)
-    bin_cell = true.replace(workspace_x=(true.workspace_x[0] + d, true.workspace_x[1] - d),
-                            workspace_y=(true.workspace_y[0] + d, true.workspace_y[1] - d))
+    bin_cell = true.narrowed(inset_mm * 1e-3 + (draw["thickness"] if bin_placement == "outer" else 0.0))
     with tempfile.TemporaryDirectory() as tmp:
         folder = render_cell_frames(tmp, bin_cell, frames_n, draw["height"], draw["thickness"],
                                     seed=seed * 1000 + draw["cell"], natural_surfaces=look == "natural")
@@ -294,9 +292,10 @@ def wall_mask(calib: Calibration, T: np.ndarray, height: float, thickness: float
     """The bin's walls as boxes (standing on the workspace edges as ``placement`` says:
     :func:`perception.core.refine.bin_inside`) projected through the pinhole ``calib.K`` at
     pose ``T``: a boolean mask of the undistorted image."""
-    inside = bin_inside(calib, max(thickness, 0.002), placement)
+    t = max(thickness, 0.002)
+    inside = bin_inside(calib, t, placement)
     (x0, x1), (y0, y1) = inside.workspace_x, inside.workspace_y
-    z0, z1, t = calib.table_z, calib.table_z + height, max(thickness, 0.002)
+    z0, z1 = calib.table_z, calib.table_z + height
     boxes = [((x0 - t, x0), (y0 - t, y1 + t)), ((x1, x1 + t), (y0 - t, y1 + t)),
              ((x0 - t, x1 + t), (y0 - t, y0)), ((x0 - t, x1 + t), (y1, y1 + t))]
     w, h = calib.image_size

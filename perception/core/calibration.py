@@ -213,6 +213,13 @@ class Calibration:
             [sum(self.workspace_x) / 2, sum(self.workspace_y) / 2, self.table_z]
         )
 
+    def narrowed(self, margin: float) -> Calibration:
+        """This calibration with the workspace narrowed by ``margin`` metres on every side
+        (negative: widened); every other field unchanged."""
+        (x0, x1), (y0, y1) = self.workspace_x, self.workspace_y
+        m = float(margin)
+        return self.replace(workspace_x=(x0 + m, x1 - m), workspace_y=(y0 + m, y1 - m))
+
     def workspace_corners(self, z: float | None = None) -> np.ndarray:
         """``(4, 3)`` corners of the workspace rectangle at height ``z`` (default table)."""
         z = self.table_z if z is None else z

@@ -273,9 +273,7 @@ def bin_inside(calib: Calibration, thickness: float, placement: str) -> Calibrat
     where their inner faces do (``inner``)."""
     if placement == "inner" or thickness == 0:
         return calib
-    t = float(thickness)
-    return calib.replace(workspace_x=(calib.workspace_x[0] + t, calib.workspace_x[1] - t),
-                         workspace_y=(calib.workspace_y[0] + t, calib.workspace_y[1] - t))
+    return calib.narrowed(thickness)
 
 
 def wall_lines(
