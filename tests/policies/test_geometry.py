@@ -121,3 +121,35 @@ def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floo
                                            "render.surface_textures.floor.prob=1.0"])
     res = evaluate_empty_bin(OnnxPolicy(art), textured, calib, n_frames=20, seed=0, render_scale=0.5)
     assert res["null"] >= 17, res
+
+
+def test_a_pyramid_geometry_network_named_by_a_config_reloads_and_exports(tmp_path):
+    """``geometry.network`` naming :class:`PyramidGeometryNet` over the default block (its
+    ``base_channels`` cleared with null) builds that class; a saved file's contents rebuild the
+    same outputs, at a size no power of 16 divides; the geometry graph exports and agrees."""
+    from policies.export import GEOMETRY_OUTPUT_NAMES, export_graph, graph_max_diff
+    from policies.geometry import geometry_net
+    from policies.networks import HEIGHT_MAX, GeometryExport, PyramidGeometryNet, build_network
+
+    block = {"_target_": "policies.networks.PyramidGeometryNet", "base_channels": None,
+             "widths": [4, 8, 8, 16, 16], "dilations": [1, 2]}
+    torch.manual_seed(0)
+    net = build_network(block, GeometryNet, "geometry.network")
+    assert type(net) is PyramidGeometryNet and len(net.down) == 4
+    net.train()
+    with torch.no_grad():  # batch-norm statistics of their own, as after training
+        for _ in range(3):
+            net(torch.randn(4, 3, 60, 76))
+    net.eval()
+    x = torch.randn(2, 3, 60, 76)
+    with torch.no_grad():
+        out = net(x)
+        again = geometry_net({"network": block, "state_dict": net.state_dict()})(x)
+    assert out["height"].shape == (2, 1, 60, 76) and out["object_logits"].shape == (2, 1, 60, 76)
+    assert 0 <= float(out["height"].min()) and float(out["height"].max()) <= HEIGHT_MAX
+    torch.testing.assert_close(again["height"], out["height"])
+    wrapper = GeometryExport(net)
+    export_graph(wrapper, tmp_path / "geometry.onnx", (76, 60), GEOMETRY_OUTPUT_NAMES)
+    assert graph_max_diff(wrapper, tmp_path / "geometry.onnx", x.numpy(), GEOMETRY_OUTPUT_NAMES) < 1e-4
+    with pytest.raises(ValueError, match="at least two levels"):
+        build_network({**block, "widths": [8]}, GeometryNet, "geometry.network")
