@@ -206,10 +206,12 @@ class PyramidGeometryNet(GeometryNet):
     error is not at the parts' edges (a 2-pixel band and the interior both 9 mm median) but a
     regression to the mean by true height: parts above 50 mm (stacked; a third to a half of the
     part pixels) read 12-45 mm low, and its training loss is within 20% of its validation loss
-    (under-fitted rather than short of data). Context and capacity are cheap at 1/8 and 1/16 (a 10x8 grid at 160x120):
-    with the default widths this net has about 8x the parameters of ``GeometryNet(16)`` (2.1M)
-    for about its step time on 2 CPU cores. Same outputs and export as :class:`GeometryNet`.
-    Measured, not shipped: ``docs/experiments/2026-12-06-a-pyramid-geometry-network.md``.
+    (under-fitted rather than short of data). Context and capacity are cheap at 1/8 and 1/16
+    (a 10x8 grid at 160x120): with the default widths this net has about 8x the parameters of
+    ``GeometryNet(16)`` (2.1M) for about its step time on 2 CPU cores. Same outputs and export as
+    :class:`GeometryNet`. Measured, not shipped: from scratch it is no better on held-out sim
+    frames than ``GeometryNet(16)`` trained the same way, and worse in the cells
+    (``docs/experiments/2026-12-06-a-pyramid-geometry-network.md``).
 
     Args:
         widths: channels at full resolution, 1/2, 1/4, ...; one level per entry.
