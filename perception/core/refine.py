@@ -698,7 +698,7 @@ def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
     coarse = _Objective(coarsest, calib, st, max(40, st.samples_per_edge // 4), lines="inner")
     grid = np.arange(-span, span + 1e-9, math.radians(st.search_step_deg))
     heights = np.arange(h_lo, h_hi + 1e-9, st.height_step)
-    t0 = _start_thickness(st, coarsest, calib, T0)
+    t0 = _start_thickness(st, coarsest, calib, T0, heights)
     table = np.array([[[coarse(perturb(T0, np.array([wx, wy, 0, 0, 0, 0])), h, t0) for h in heights]
                        for wy in grid] for wx in grid])
     starts = [np.array([0, 0, 0, 0, 0, 0, h, t0]) for h in np.linspace(h_lo, h_hi, st.start_heights)]
@@ -715,23 +715,23 @@ def _starts(coarsest: np.ndarray, calib: Calibration, T0: np.ndarray, st: Refine
     return starts
 
 
-def _start_thickness(st: RefineSettings, coarsest: np.ndarray, calib: Calibration, T0: np.ndarray) -> float:
+def _start_thickness(st: RefineSettings, coarsest: np.ndarray, calib: Calibration, T0: np.ndarray,
+                     heights: np.ndarray) -> float:
     """The wall thickness the search holds while it finds the pose. Where the inner faces
     stand on the edges, 0: the inner edges alone, which the thickness does not move. Where
     the outer faces do, the inner faces lie a thickness inside: the measurement, when the
-    walls were measured; otherwise the thickness (and height) whose edges, all of them, lie
-    best on the heavily smoothed evidence at the given pose, in 1 mm steps. A thickness near
-    0 lays the inner top on the outer one and the inner foot on no edge, so the mean over
-    the lines prefers the true one; the given pose's few millimetres of error blur it alike
-    on every thickness."""
+    walls were measured; otherwise the thickness (and, of ``heights``, the coarse search's
+    wall heights, the height) whose edges, all of them, lie best on the heavily smoothed
+    evidence at the given pose, in 1 mm steps. A thickness near 0 lays the inner top on the
+    outer one and the inner foot on no edge, so the mean over the lines prefers the true one;
+    the given pose's few millimetres of error blur it alike on every thickness."""
     if st.wall_placement == "inner":
         return 0.0
-    (t_lo, t_hi), (h_lo, h_hi) = st.thickness_range, st.height_range
+    t_lo, t_hi = st.thickness_range
     if st.wall_thickness is not None or t_hi - t_lo <= 0.002:
         return float(np.mean(st.thickness_range))
     every = _Objective(coarsest, calib, st, max(40, st.samples_per_edge // 4))
     thicknesses = np.arange(max(t_lo, 0.001), t_hi + 1e-9, 0.001)
-    heights = np.arange(h_lo, h_hi + 1e-9, st.height_step)
     scores = [max(every(T0, h, t) for h in heights) for t in thicknesses]
     return float(thicknesses[int(np.argmax(scores))])
 
