@@ -67,7 +67,7 @@ from results_doc import ResultsDocError, write_block  # noqa: E402  (benchmarks/
 
 from perception.core.artifact import ArtifactError, PolicyRunner, load_metadata  # noqa: E402
 from perception.core.calibration import Calibration, CalibrationError, default_calibration_path  # noqa: E402
-from perception.core.geometry import NetworkView, SurfaceRebuild, make_view  # noqa: E402
+from perception.core.geometry import NetworkView, SurfaceRebuild, camera_channels, make_view  # noqa: E402
 from perception.core.imageio import ImageDecodeError, read_image  # noqa: E402
 from perception.core.preprocess import preprocess, preprocess_labels, to_network_input  # noqa: E402
 from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT  # noqa: E402
@@ -212,7 +212,9 @@ class TorchGeometry:
     @torch.no_grad()
     def predict(self, raw_rgb: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
         """``height`` (m) and part probability ``(H, W)`` in :meth:`view`."""
-        o = self.net(torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, self.view(calib)))))
+        view = self.view(calib)
+        camera = torch.from_numpy(camera_channels(calib, view))[None] if getattr(self.net, "camera_input", False) else None
+        o = self.net(torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, view))), camera)
         return o["height"][0, 0].numpy(), torch.sigmoid(o["object_logits"][0, 0]).numpy()
 
 

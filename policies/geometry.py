@@ -42,7 +42,7 @@ from adaptation.progress import trainer_progress
 from conf import to_plain
 from perception.core.atomic import atomic_write
 from perception.core.calibration import Calibration
-from perception.core.geometry import NetworkView, make_view
+from perception.core.geometry import NetworkView, camera_channels, make_view
 from perception.core.jsonio import write_json
 from perception.core.preprocess import preprocess, to_network_input
 from perception.core.progress import progress
@@ -136,31 +136,37 @@ class GeometryFrames(Dataset):
                 info = torch.utils.data.get_worker_info()
                 self._rng = np.random.default_rng([self.seed, 0 if info is None else info.id])
             rng = self._rng
-        return geometry_item(rec["view_rgb"], rec["height"], rec["object"], self.augment, rng)
+        return geometry_item(rec["view_rgb"], rec["height"], rec["object"], self.augment, rng, rec.get("camera"))
 
 
 def geometry_item(rgb: np.ndarray, height: np.ndarray, obj: np.ndarray, augment: dict | None,
-                  rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
+                  rng: np.random.Generator | None, camera: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     """One record (:func:`geometry_record`'s arrays) as the network's tensors, augmented from
-    ``rng`` when ``augment`` (``{"hflip": p, "color": fraction}``) is given."""
+    ``rng`` when ``augment`` (``{"hflip": p, "color": fraction}``) is given; ``camera``: the
+    frame's view's :func:`perception.core.geometry.camera_channels`, passed on as ``camera``."""
     height = height.astype(np.float32)
     if augment:
         assert rng is not None
         if rng.random() < float(augment.get("hflip", 0.0)):
-            # A mirrored image is a mirrored world seen by a mirrored camera: heights mirror with it.
+            # A mirrored image is a mirrored world seen by a mirrored camera: heights mirror with it,
+            # and so do the camera's maps (each a scalar of the world and the camera).
             rgb, height, obj = rgb[:, ::-1], height[:, ::-1], obj[:, ::-1]
+            camera = None if camera is None else camera[:, :, ::-1]
         c = float(augment.get("color", 0.0))
         if c > 0:
             gain = rng.uniform(1 - c, 1 + c, 3)
             offset = rng.uniform(-c, c, 3) * 255.0
             rgb = np.clip(rgb.astype(np.float32) * gain + offset, 0, 255).astype(np.uint8)
     known = np.isfinite(height)
-    return {
+    item = {
         "image": torch.from_numpy(to_network_input(np.ascontiguousarray(rgb))[0]),
         "height_target": torch.from_numpy(np.ascontiguousarray(np.where(known, height, 0.0), dtype=np.float32)),
         "known": torch.from_numpy(np.ascontiguousarray(known)),
         "object_target": torch.from_numpy(np.ascontiguousarray(obj)),
     }
+    if camera is not None:
+        item["camera"] = torch.from_numpy(np.ascontiguousarray(camera, dtype=np.float32))
+    return item
 
 
 def make_geometry_datasets(
@@ -181,12 +187,13 @@ def make_geometry_datasets(
         frames = SimFrameDataset(d, fields=("rgb", "depth", "seg"))
         calib = frames.calibration
         view = geometry_view(calib, gcfg)
+        camera = camera_channels(calib, view)  # every record of the folder shares its mount's maps
         if first is None:
             first = (view, calib)
         tr_idx, va_idx = split_by_scene(frames, val_fraction, seed)
         val_set = set(int(i) for i in va_idx)
         for i in progress(range(len(frames)), desc=f"geometry frames {Path(d).name}", unit="frame", leave=False):
-            rec = geometry_record(frames[i], calib, view)
+            rec = {**geometry_record(frames[i], calib, view), "camera": camera}
             (val if i in val_set else train).append(rec)
     assert first is not None
     aug = gcfg.get("augment")
@@ -234,16 +241,19 @@ class GeometryModule(TimedCosineModule):
         x = batch["image"]
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.net(image)
+    def _run(self, batch: dict) -> dict[str, torch.Tensor]:
+        return self.net(self._image(batch), batch.get("camera"))
+
+    def forward(self, image: torch.Tensor, camera: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        return self.net(image, camera)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        losses = geometry_losses(self.net(self._image(batch)), batch, self.loss_cfg)
+        losses = geometry_losses(self._run(batch), batch, self.loss_cfg)
         self.log_losses("train", losses, batch["image"].shape[0])
         return losses["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        out = self.net(self._image(batch))
+        out = self._run(batch)
         n = batch["image"].shape[0]
         self.log_losses("val", geometry_losses(out, batch, self.loss_cfg), n, prog_bar=False)
         known, obj = batch["known"], batch["object_target"]
@@ -262,7 +272,7 @@ def geometry_errors(net: GeometryNet, frames: GeometryFrames, batch_size: int = 
     errs: dict[str, list[np.ndarray]] = {"object": [], "floor": []}
     inter = union = 0
     for batch in DataLoader(frames, batch_size=batch_size):
-        out = net(batch["image"])
+        out = net(batch["image"], batch.get("camera"))
         err = (out["height"][:, 0] - batch["height_target"]).abs().numpy()
         known, obj = batch["known"].numpy(), batch["object_target"].numpy()
         errs["object"].append(err[known & obj])

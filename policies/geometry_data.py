@@ -45,6 +45,7 @@ from torch.utils.data import IterableDataset
 
 from perception.core.atomic import atomic_write_bytes
 from perception.core.calibration import Calibration
+from perception.core.geometry import camera_channels
 from perception.core.jsonio import read_json, write_json
 from perception.core.progress import progress
 from policies.geometry import GeometryFrames, geometry_item, geometry_record, geometry_view
@@ -52,7 +53,7 @@ from sim_render.randomization import render_randomized
 from sim_render.scene import SceneRenderer
 
 __all__ = ["GeometryDataError", "GeometrySceneMaker", "GeometryShards", "render_geometry_data", "is_geometry_data",
-           "read_geometry_shard", "load_geometry_frames", "geometry_data_datasets", "DATA_FILE"]
+           "read_geometry_shard", "load_geometry_frames", "geometry_data_datasets", "mount_cameras", "DATA_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,14 @@ def read_geometry_shard(path: Path) -> dict[str, np.ndarray]:
         return {name: z[name] for name in _ARRAYS}
 
 
+def mount_cameras(d: str | Path) -> np.ndarray:
+    """``(mounts, C, H, W)`` float32: :func:`perception.core.geometry.camera_channels` of each
+    camera mount's view of a geometry data folder (its frames' ``mount`` indexes them)."""
+    desc = read_json(Path(d) / DATA_FILE)
+    return np.stack([camera_channels(m, geometry_view(m, desc))
+                     for m in (Calibration.from_dict(x) for x in desc["mounts"])])
+
+
 def _finished_shards(d: Path) -> list[Path]:
     if not is_geometry_data(d):
         raise GeometryDataError(f"{d} is not a geometry data folder (no {DATA_FILE}): render one with "
@@ -277,6 +286,8 @@ class GeometryShards(IterableDataset):
 
     def __init__(self, dirs: Sequence[str | Path], augment: dict | None = None, seed: int = 0, buffer_shards: int = 4) -> None:
         self.shards = [p for d in dirs for p in _finished_shards(Path(d))]
+        cameras = {Path(d): mount_cameras(d) for d in dirs}
+        self.cameras = [cameras[p.parent.parent] for p in self.shards]  # the maps of each shard's mounts
         self.n_frames = sum(int(read_json(p.with_suffix(".json"))["frames"]) for p in self.shards)
         self.augment = augment
         self.seed = int(seed)
@@ -302,8 +313,9 @@ class GeometryShards(IterableDataset):
             rgb = np.concatenate([p["view_rgb"] for p in parts])
             height = np.concatenate([p["height"] for p in parts])
             obj = np.concatenate([p["object"] for p in parts])
+            camera = [self.cameras[j][m] for j, p in zip(order[i:i + self.buffer_shards], parts) for m in p["mount"]]
             for f in rng.permutation(len(rgb)):
-                yield geometry_item(rgb[f], height[f], obj[f], self.augment, rng)
+                yield geometry_item(rgb[f], height[f], obj[f], self.augment, rng, camera[f])
 
 
 def load_geometry_frames(dirs: Sequence[str | Path], first_of: str | Path) -> tuple[Any, Any, Calibration]:
@@ -321,10 +333,11 @@ def load_geometry_frames(dirs: Sequence[str | Path], first_of: str | Path) -> tu
     view = geometry_view(calib, desc)
     records = []
     for d in dirs:
+        cameras = mount_cameras(d)
         for p in _finished_shards(Path(d)):
             a = read_geometry_shard(p)
-            records += [{"view_rgb": a["view_rgb"][i], "height": a["height"][i], "object": a["object"][i]}
-                        for i in range(len(a["scene"]))]
+            records += [{"view_rgb": a["view_rgb"][i], "height": a["height"][i], "object": a["object"][i],
+                         "camera": cameras[a["mount"][i]]} for i in range(len(a["scene"]))]
     return (GeometryFrames(records) if records else None), view, calib
 
 

@@ -28,13 +28,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from perception.core.frames import GRIPPER_MAX_WIDTH
+from perception.core.geometry import CAMERA_CHANNELS
 
-__all__ = ["UNet", "GraspNet", "GeometryNet", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
+__all__ = ["UNet", "GraspNet", "GeometryNet", "with_camera", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
            "network_kwargs"]
 
 #: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
@@ -118,10 +120,11 @@ class UNet(nn.Module):
         dilations: dilations of the residual blocks at 1/4 resolution (receptive field).
     """
 
-    def __init__(self, out_channels: int, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
+    def __init__(self, out_channels: int, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4),
+                 in_channels: int = 3) -> None:
         super().__init__()
         c = int(base_channels)
-        self.stem = nn.Sequential(_conv(3, c), _conv(c, c))
+        self.stem = nn.Sequential(_conv(int(in_channels), c), _conv(c, c))
         self.down1 = nn.Sequential(_conv(c, 2 * c, stride=2), _conv(2 * c, 2 * c))
         self.down2 = nn.Sequential(_conv(2 * c, 4 * c, stride=2), _conv(4 * c, 4 * c))
         self.mid = nn.Sequential(*[_Residual(4 * c, int(d)) for d in dilations])
@@ -130,7 +133,7 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(c, int(out_channels), 1)
 
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
-        """``(N, 3, H, W)`` -> the head's raw ``(N, out_channels, H, W)``."""
+        """``(N, in_channels, H, W)`` -> the head's raw ``(N, out_channels, H, W)``."""
         f1 = self.stem(x)
         f2 = self.down1(f1)
         f3 = self.mid(self.down2(f2))
@@ -174,6 +177,18 @@ class GraspNet(UNet):
         }
 
 
+def with_camera(net: nn.Module, x: torch.Tensor, camera: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with ``camera``'s maps appended (broadcast over the batch) when ``net.camera_input``;
+    ``x`` unchanged otherwise."""
+    if not getattr(net, "camera_input", False):
+        return x
+    if camera is None:
+        raise ValueError("this geometry network takes the camera's geometry beside the image (camera_input): "
+                         "pass camera=camera_channels(calib, view)")
+    camera = camera.to(dtype=x.dtype, device=x.device)
+    return torch.cat([x, camera.expand(x.shape[0], -1, -1, -1)], dim=1)
+
+
 class GeometryNet(UNet):
     """Geometry from RGB in the camera view (:mod:`policies.geometry`).
 
@@ -184,15 +199,23 @@ class GeometryNet(UNet):
         the logit of "this pixel sees a part" (not the table, the bin or the floor);
         ``height_logits`` the height before its sigmoid (a bound on the height can push it
         where the sigmoid is flat: :func:`policies.stops.stop_losses`).
+
+    Args:
+        base_channels, dilations: :class:`UNet`'s.
+        camera_input: also take the calibrated camera's geometry at every pixel
+            (:func:`perception.core.geometry.camera_channels`) beside the image.
     """
 
-    def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4)) -> None:
-        super().__init__(2, base_channels, dilations)
+    def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4), camera_input: bool = False) -> None:
+        self.camera_input = bool(camera_input)
+        super().__init__(2, base_channels, dilations, 3 + (len(CAMERA_CHANNELS) if self.camera_input else 0))
         with torch.no_grad():
             self.head.bias.copy_(torch.tensor([-2.0, -2.0]))  # most pixels see the floor
 
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = self.trunk(x)
+    def forward(self, x: torch.Tensor, camera: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``x`` the image; ``camera`` the view's :func:`perception.core.geometry.camera_channels`
+        ``(N or 1, C, H, W)``, required when the network was built with ``camera_input``."""
+        out = self.trunk(with_camera(self, x, camera))
         return {"height": HEIGHT_MAX * torch.sigmoid(out[:, :1]), "height_logits": out[:, :1],
                 "object_logits": out[:, 1:2]}
 
@@ -248,14 +271,23 @@ class PyramidGeometryNet(GeometryNet):
 
 
 class GeometryExport(nn.Module):
-    """The deployed geometry graph: ``image -> (height, object)``, object a probability."""
+    """The deployed geometry graph: ``image -> (height, object)``, object a probability.
 
-    def __init__(self, net: GeometryNet) -> None:
+    Args:
+        net: the network.
+        camera: ``(C, H, W)`` :func:`perception.core.geometry.camera_channels` of the artifact's
+            calibration and view, for a network built with ``camera_input``.
+    """
+
+    def __init__(self, net: GeometryNet, camera: np.ndarray | None = None) -> None:
         super().__init__()
         self.net = net
+        # The calibration is the artifact's: its camera's maps are a constant of the graph, whose input stays the image.
+        self.register_buffer("camera", None if camera is None else torch.as_tensor(np.asarray(camera, dtype=np.float32))[None],
+                             persistent=False)
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.net(image)
+        out = self.net(image, self.camera)
         return out["height"], torch.sigmoid(out["object_logits"])
 
 

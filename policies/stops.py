@@ -62,7 +62,7 @@ from adaptation.progress import trainer_progress
 from perception.core.atomic import atomic_write
 from perception.core.calibration import Calibration
 from perception.core.frames import GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_HALF_THICKNESS, MIN_TIP_CLEARANCE
-from perception.core.geometry import NetworkView, base_to_view_pixels, view_rays
+from perception.core.geometry import NetworkView, base_to_view_pixels, camera_channels, view_rays
 from perception.core.imageio import read_image
 from perception.core.outcomes import measured
 from perception.core.preprocess import preprocess, to_network_input
@@ -225,8 +225,10 @@ class StopFrames(Dataset):
         """The network's own answer on the frame before the fine-tune (height, part probability), and
         where it holds: every pixel whose ray stays ``clearance`` clear of the gripper's reach (the
         pads' outer faces) at every height up to ``HEIGHT_MAX`` (what the labels speak of is left free)."""
+        camera = (torch.from_numpy(camera_channels(self.calib, self.view))[None]
+                  if getattr(net, "camera_input", False) else None)
         with torch.no_grad():
-            o = net(torch.from_numpy(to_network_input(view_rgb)))
+            o = net(torch.from_numpy(to_network_input(view_rgb)), camera)
         W, H = self.view.size
         near = np.zeros((H, W), bool)
         reach = label.pad_outer + clearance
@@ -358,10 +360,13 @@ class GeometryStopModule(GeometryModule):
         self.table_z = float(calib.table_z)
         self.register_buffer("ray_origin", torch.from_numpy(origin), persistent=False)
         self.register_buffer("ray_dirs", torch.from_numpy(dirs), persistent=False)
+        # The cell's frames are all seen through its calibration: one set of camera maps for the measured labels.
+        self.register_buffer("camera", torch.from_numpy(camera_channels(calib, NetworkView.from_dict(view)))[None]
+                             if getattr(self.net, "camera_input", False) else None, persistent=False)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        sim = geometry_losses(self.net(batch["sim"]["image"]), batch["sim"], self.loss_cfg)
-        real = stop_losses(self.net(batch["real"]["image"]), batch["real"], self.ray_origin, self.ray_dirs,
+        sim = geometry_losses(self.net(batch["sim"]["image"], batch["sim"].get("camera")), batch["sim"], self.loss_cfg)
+        real = stop_losses(self.net(batch["real"]["image"], self.camera), batch["real"], self.ray_origin, self.ray_dirs,
                            self.table_z, self.tolerance, self.loss_cfg, anchor_weight=self.anchor_weight,
                            between_weight=self.between_weight)
         loss = sim["loss"] + self.label_weight * real["loss"]

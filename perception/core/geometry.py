@@ -41,6 +41,8 @@ __all__ = [
     "raw_to_view_pixels",
     "view_to_raw_pixels",
     "view_rays",
+    "camera_channels",
+    "CAMERA_CHANNELS",
     "top_down_max",
     "camera_heights_to_surface",
     "SurfaceRebuild",
@@ -286,6 +288,50 @@ def view_rays(calib: Calibration, view: NetworkView) -> tuple[np.ndarray, np.nda
     vv, uu = np.mgrid[0:H, 0:W]
     uv1 = np.stack([uu.ravel(), vv.ravel(), np.ones(H * W)], axis=1).astype(np.float64)
     return calib.T_base_camera[:3, 3].copy(), (uv1 @ np.linalg.inv(view.K).T) @ calib.T_base_camera[:3, :3].T
+
+
+#: The maps :func:`camera_channels` gives a geometry network beside the image, in this order.
+CAMERA_CHANNELS = ("edge", "range", "steep", "pixel")
+#: Metres of the ``edge`` map that span [-1, 1]: a wall's thickness and a finger's width are a few cm.
+_EDGE_SCALE = 0.1
+
+
+def camera_channels(calib: Calibration, view: NetworkView) -> np.ndarray:
+    """The calibrated camera's geometry at every pixel of a camera view, as maps beside the image.
+
+    Why: from the image alone a network cannot tell how far the camera is or how steeply it
+    looks, so a wall or a stacked part of unknown height may read as the training set's mean
+    height (the error measured in issue 36). The calibration knows both; these maps hand them
+    over, the way camera-aware depth networks take their intrinsics (CAM-Convs, Facil et al. 2019).
+    Each is a scalar of the world and the camera, so a horizontal mirror of the view mirrors
+    the maps and nothing else. Measured, off by default (``geometry.network.camera_input``): the
+    walls in the validation cells read a little nearer their height, the parts worse
+    (docs/experiments/2026-12-07-geometry-given-the-cameras-geometry.md).
+
+    Returns:
+        ``(len(CAMERA_CHANNELS), H, W)`` float32, of the point where the pixel's ray meets the
+        table (``table_z``): ``edge``, its signed distance to the workspace's nearest edge
+        (positive inside; metres / 0.1, clipped to [-1, 1]); ``range``, its distance from the
+        camera centre, metres; ``steep``, the ray's downward component (1: straight down);
+        ``pixel``, the size of a view pixel there across the ray, mm. A ray that does not meet
+        the table ahead (above the horizon) is treated as meeting it at 10 m.
+    """
+    origin, dirs = view_rays(calib, view)
+    dirs = dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (float(calib.table_z) - origin[2]) / dirs[:, 2]
+    t = np.where(np.isfinite(t) & (t > 0), t, 10.0)
+    p = origin + dirs * t[:, None]
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    edge = np.min(np.stack([p[:, 0] - x0, x1 - p[:, 0], p[:, 1] - y0, y1 - p[:, 1]]), axis=0)
+    W, H = view.size
+    maps = np.stack([
+        np.clip(edge / _EDGE_SCALE, -1.0, 1.0),
+        t,
+        -dirs[:, 2],
+        1000.0 * t / float(view.K[0, 0]),
+    ])
+    return maps.reshape(len(CAMERA_CHANNELS), H, W).astype(np.float32)
 
 
 def top_down_max(

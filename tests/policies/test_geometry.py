@@ -153,3 +153,38 @@ def test_a_pyramid_geometry_network_named_by_a_config_reloads_and_exports(tmp_pa
     assert graph_max_diff(wrapper, tmp_path / "geometry.onnx", x.numpy(), GEOMETRY_OUTPUT_NAMES) < 1e-4
     with pytest.raises(ValueError, match="at least two levels"):
         build_network({**block, "widths": [8]}, GeometryNet, "geometry.network")
+
+
+def test_a_geometry_network_given_the_cameras_maps_exports_them_inside_its_graph(tmp_path):
+    """``camera_input``: the network takes the view's camera maps beside the image and refuses to
+    run without them; a saved file's contents rebuild it; the exported graph holds the artifact
+    calibration's maps, takes the image alone and agrees with torch; other maps change the answer."""
+    import onnxruntime as ort
+
+    from perception.core.calibration import Calibration, default_calibration_path
+    from perception.core.geometry import camera_channels, network_view
+    from policies.export import GEOMETRY_OUTPUT_NAMES, export_graph, graph_max_diff
+    from policies.geometry import geometry_net
+    from policies.networks import GeometryExport, build_network
+
+    block = {"_target_": "policies.networks.GeometryNet", "base_channels": 4, "dilations": [2], "camera_input": True}
+    torch.manual_seed(0)
+    net = build_network(block, GeometryNet, "geometry.network").eval()
+    calib = Calibration.load(default_calibration_path())
+    view = network_view(calib, (64, 48))
+    cam = torch.from_numpy(camera_channels(calib, view))[None]
+    x = torch.randn(2, 3, 48, 64)
+    with pytest.raises(ValueError, match="camera_input"):
+        net(x)
+    with torch.no_grad():
+        out = net(x, cam)
+        again = geometry_net({"network": block, "state_dict": net.state_dict()})(x, cam)
+        other = net(x, torch.zeros_like(cam))
+    torch.testing.assert_close(again["height"], out["height"])
+    assert float((other["height"] - out["height"]).abs().max()) > 1e-4, "the maps are read"
+    wrapper = GeometryExport(net, cam[0].numpy())
+    path = tmp_path / "geometry.onnx"
+    export_graph(wrapper, path, (64, 48), GEOMETRY_OUTPUT_NAMES)
+    inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
+    assert [(i.name, i.shape[1]) for i in inputs] == [("image", 3)]
+    assert graph_max_diff(wrapper, path, x.numpy(), GEOMETRY_OUTPUT_NAMES) < 1e-4

@@ -152,3 +152,26 @@ def test_training_on_geometry_data_continues_from_its_checkpoint(geometry_data, 
     assert second["global_step"] == 4
     with pytest.raises(GeometryDataError, match="is not a geometry data folder"):
         geometry_data_datasets([geometry_data, tmp_path], [], g, seed=0)
+
+
+def test_each_streamed_frame_carries_its_mounts_camera_maps_mirrored_with_it(geometry_data):
+    """A frame's ``camera`` is :func:`camera_channels` of the view of the mount it was seen from;
+    a horizontal flip mirrors the maps with the image (each map is a scalar of world and camera)."""
+    from perception.core.geometry import camera_channels
+    from policies.geometry import geometry_view
+    from policies.geometry_data import load_geometry_frames
+
+    _, mounts, _ = _setup(geometry_data.parent)
+    want = [camera_channels(m, geometry_view(m, GCFG)) for m in mounts]
+    assert not np.allclose(want[0], want[1]), "the two mounts see the table differently"
+    plain = list(GeometryShards([geometry_data], augment=None, seed=0, buffer_shards=1))
+    flipped = list(GeometryShards([geometry_data], augment={"hflip": 1.0}, seed=0, buffer_shards=1))
+    frames, _, _ = load_geometry_frames([geometry_data], first_of=geometry_data)
+    held = [frames[i] for i in range(len(frames))]
+    for items, mirror in ((plain, False), (flipped, True), (held, False)):
+        seen = set()
+        for it in items:
+            cam = it["camera"].numpy()
+            k = next(k for k, w in enumerate(want) if np.allclose(cam, w[:, :, ::-1] if mirror else w, atol=1e-6))
+            seen.add(k)
+        assert seen == {0, 1}
