@@ -67,7 +67,7 @@ from results_doc import ResultsDocError, write_block  # noqa: E402  (benchmarks/
 
 from perception.core.artifact import ArtifactError, PolicyRunner, load_metadata  # noqa: E402
 from perception.core.calibration import Calibration, CalibrationError, default_calibration_path  # noqa: E402
-from perception.core.geometry import NetworkView, SurfaceRebuild, camera_channels, make_view  # noqa: E402
+from perception.core.geometry import NetworkView, SurfaceRebuild, make_view  # noqa: E402
 from perception.core.imageio import ImageDecodeError, read_image  # noqa: E402
 from perception.core.preprocess import preprocess, preprocess_labels, to_network_input  # noqa: E402
 from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT  # noqa: E402
@@ -196,6 +196,7 @@ class TorchGeometry:
         self.interior_margin, self.floor_height = float(opts["interior_margin"]), float(opts["floor_height"])
         self.name = f"{name} (torch)"
         self._rebuilds: dict[str, SurfaceRebuild] = {}
+        self._cameras: dict[str, torch.Tensor | None] = {}  # the network's camera maps, by calibration
 
     def view(self, calib: Calibration) -> NetworkView:
         from policies.geometry import geometry_view  # lazy: lightning via policies.geometry
@@ -213,8 +214,10 @@ class TorchGeometry:
     def predict(self, raw_rgb: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
         """``height`` (m) and part probability ``(H, W)`` in :meth:`view`."""
         view = self.view(calib)
-        camera = torch.from_numpy(camera_channels(calib, view))[None] if getattr(self.net, "camera_input", False) else None
-        o = self.net(torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, view))), camera)
+        key = calib.digest()
+        if key not in self._cameras:
+            self._cameras[key] = self.net.camera_maps(calib, view)
+        o = self.net(torch.from_numpy(to_network_input(preprocess(raw_rgb, calib, view))), self._cameras[key])
         return o["height"][0, 0].numpy(), torch.sigmoid(o["object_logits"][0, 0]).numpy()
 
 

@@ -35,7 +35,7 @@ from conf import as_dict
 from perception.core.artifact import file_sha256, policy_metadata, write_metadata
 from perception.core.atomic import default_dir_mode, default_file_mode
 from perception.core.calibration import Calibration
-from perception.core.geometry import NetworkView, camera_channels
+from perception.core.geometry import NetworkView
 from perception.core.preprocess import IMAGE_MEAN, IMAGE_STD
 from perception.core.rule import DEFAULT_RULE, OBJECT_HEIGHT
 from policies.geometry import base_view, geometry_net
@@ -162,7 +162,7 @@ def _export_geometry(geometry: dict, calibration: Calibration, tmp: Path, verify
     base = geometry["base"]
     net = geometry_net(base)
     view = base_view(base, calibration)
-    wrapper = GeometryExport(net, camera_channels(calibration, view) if getattr(net, "camera_input", False) else None)
+    wrapper = GeometryExport(net, net.camera_maps(calibration, view))
     export_graph(wrapper, tmp / GEOMETRY_ONNX_FILE, view.size, GEOMETRY_OUTPUT_NAMES)
     w, h = view.size
     x = np.random.default_rng(1).standard_normal((2, 3, h, w)).astype(np.float32)

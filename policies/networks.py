@@ -28,15 +28,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perception.core.calibration import Calibration
 from perception.core.frames import GRIPPER_MAX_WIDTH
-from perception.core.geometry import CAMERA_CHANNELS
+from perception.core.geometry import CAMERA_CHANNELS, NetworkView, camera_channels
 
-__all__ = ["UNet", "GraspNet", "GeometryNet", "with_camera", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
+__all__ = ["UNet", "GraspNet", "GeometryNet", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
            "network_kwargs"]
 
 #: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
@@ -177,18 +177,6 @@ class GraspNet(UNet):
         }
 
 
-def with_camera(net: nn.Module, x: torch.Tensor, camera: torch.Tensor | None) -> torch.Tensor:
-    """``x`` with ``camera``'s maps appended (broadcast over the batch) when ``net.camera_input``;
-    ``x`` unchanged otherwise."""
-    if not getattr(net, "camera_input", False):
-        return x
-    if camera is None:
-        raise ValueError("this geometry network takes the camera's geometry beside the image (camera_input): "
-                         "pass camera=camera_channels(calib, view)")
-    camera = camera.to(dtype=x.dtype, device=x.device)
-    return torch.cat([x, camera.expand(x.shape[0], -1, -1, -1)], dim=1)
-
-
 class GeometryNet(UNet):
     """Geometry from RGB in the camera view (:mod:`policies.geometry`).
 
@@ -206,6 +194,9 @@ class GeometryNet(UNet):
             (:func:`perception.core.geometry.camera_channels`) beside the image.
     """
 
+    #: The class's default, so that a subclass with a trunk of its own takes the image alone.
+    camera_input = False
+
     def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4), camera_input: bool = False) -> None:
         self.camera_input = bool(camera_input)
         super().__init__(2, base_channels, dilations, 3 + (len(CAMERA_CHANNELS) if self.camera_input else 0))
@@ -215,9 +206,21 @@ class GeometryNet(UNet):
     def forward(self, x: torch.Tensor, camera: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """``x`` the image; ``camera`` the view's :func:`perception.core.geometry.camera_channels`
         ``(N or 1, C, H, W)``, required when the network was built with ``camera_input``."""
-        out = self.trunk(with_camera(self, x, camera))
+        if self.camera_input:
+            if camera is None:
+                raise ValueError("this geometry network takes the camera's geometry beside the image (camera_input): "
+                                 "pass camera=net.camera_maps(calib, view)")
+            camera = camera.to(dtype=x.dtype, device=x.device)
+            x = torch.cat([x, camera.expand(x.shape[0], -1, -1, -1)], dim=1)
+        out = self.trunk(x)
         return {"height": HEIGHT_MAX * torch.sigmoid(out[:, :1]), "height_logits": out[:, :1],
                 "object_logits": out[:, 1:2]}
+
+    def camera_maps(self, calib: Calibration, view: NetworkView) -> torch.Tensor | None:
+        """The ``camera`` :meth:`forward` takes for frames seen through ``calib`` in ``view``:
+        ``(1, C, H, W)`` :func:`perception.core.geometry.camera_channels`; ``None`` for a network
+        that takes the image alone."""
+        return torch.from_numpy(camera_channels(calib, view))[None] if self.camera_input else None
 
 
 class PyramidGeometryNet(GeometryNet):
@@ -275,16 +278,15 @@ class GeometryExport(nn.Module):
 
     Args:
         net: the network.
-        camera: ``(C, H, W)`` :func:`perception.core.geometry.camera_channels` of the artifact's
-            calibration and view, for a network built with ``camera_input``.
+        camera: the artifact calibration's :meth:`GeometryNet.camera_maps` (``None`` for a network
+            that takes the image alone).
     """
 
-    def __init__(self, net: GeometryNet, camera: np.ndarray | None = None) -> None:
+    def __init__(self, net: GeometryNet, camera: torch.Tensor | None = None) -> None:
         super().__init__()
         self.net = net
         # The calibration is the artifact's: its camera's maps are a constant of the graph, whose input stays the image.
-        self.register_buffer("camera", None if camera is None else torch.as_tensor(np.asarray(camera, dtype=np.float32))[None],
-                             persistent=False)
+        self.register_buffer("camera", camera, persistent=False)
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.net(image, self.camera)

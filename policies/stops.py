@@ -62,12 +62,12 @@ from adaptation.progress import trainer_progress
 from perception.core.atomic import atomic_write
 from perception.core.calibration import Calibration
 from perception.core.frames import GRIPPER_FINGER_HALF_DEPTH, GRIPPER_FINGER_HALF_THICKNESS, MIN_TIP_CLEARANCE
-from perception.core.geometry import NetworkView, base_to_view_pixels, camera_channels, view_rays
+from perception.core.geometry import NetworkView, base_to_view_pixels, view_rays
 from perception.core.imageio import read_image
 from perception.core.outcomes import measured
 from perception.core.preprocess import preprocess, to_network_input
 from policies.geometry import GEOMETRY_FORMAT, GeometryModule, geometry_losses
-from policies.networks import HEIGHT_MAX
+from policies.networks import HEIGHT_MAX, GeometryNet
 
 __all__ = ["StopLabel", "stop_label", "in_region", "footprint_points", "StopFrames", "stop_losses",
            "GeometryStopModule", "finetune_geometry", "surface_at_stops", "stop_errors"]
@@ -200,12 +200,13 @@ class StopFrames(Dataset):
     """
 
     def __init__(self, attempts: Sequence[dict], calib: Calibration, view: NetworkView, part_between_m: float,
-                 closed_m: float, anchor: torch.nn.Module | None = None, anchor_clearance_m: float = 0.02) -> None:
+                 closed_m: float, anchor: GeometryNet | None = None, anchor_clearance_m: float = 0.02) -> None:
         self.calib, self.view = calib, view
         origin, dirs = view_rays(calib, view)
         W, H = view.size
         self.items: list[tuple[np.ndarray, StopLabel, np.ndarray, np.ndarray]] = []
         self.anchors: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        camera = None if anchor is None else anchor.camera_maps(calib, view)  # one camera: one set of maps
         for a in attempts:
             label = stop_label(a["grasp"], a.get("outcome"), calib.table_z, part_between_m, closed_m)
             if label is None:
@@ -218,15 +219,13 @@ class StopFrames(Dataset):
             view_rgb = preprocess(read_image(Path(a["_dir"]) / a["frame"]), calib, view)
             self.items.append((view_rgb, label, stop_mask, between_mask))
             if anchor is not None:
-                self.anchors.append(self._anchor(anchor, view_rgb, label, origin, dirs, anchor_clearance_m))
+                self.anchors.append(self._anchor(anchor, camera, view_rgb, label, origin, dirs, anchor_clearance_m))
 
-    def _anchor(self, net: torch.nn.Module, view_rgb: np.ndarray, label: StopLabel, origin: np.ndarray,
-                dirs: np.ndarray, clearance: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _anchor(self, net: GeometryNet, camera: torch.Tensor | None, view_rgb: np.ndarray, label: StopLabel,
+                origin: np.ndarray, dirs: np.ndarray, clearance: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The network's own answer on the frame before the fine-tune (height, part probability), and
         where it holds: every pixel whose ray stays ``clearance`` clear of the gripper's reach (the
         pads' outer faces) at every height up to ``HEIGHT_MAX`` (what the labels speak of is left free)."""
-        camera = (torch.from_numpy(camera_channels(self.calib, self.view))[None]
-                  if getattr(net, "camera_input", False) else None)
         with torch.no_grad():
             o = net(torch.from_numpy(to_network_input(view_rgb)), camera)
         W, H = self.view.size
@@ -361,8 +360,7 @@ class GeometryStopModule(GeometryModule):
         self.register_buffer("ray_origin", torch.from_numpy(origin), persistent=False)
         self.register_buffer("ray_dirs", torch.from_numpy(dirs), persistent=False)
         # The cell's frames are all seen through its calibration: one set of camera maps for the measured labels.
-        self.register_buffer("camera", torch.from_numpy(camera_channels(calib, NetworkView.from_dict(view)))[None]
-                             if getattr(self.net, "camera_input", False) else None, persistent=False)
+        self.register_buffer("camera", self.net.camera_maps(calib, NetworkView.from_dict(view)), persistent=False)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         sim = geometry_losses(self.net(batch["sim"]["image"], batch["sim"].get("camera")), batch["sim"], self.loss_cfg)

@@ -172,7 +172,8 @@ def test_a_geometry_network_given_the_cameras_maps_exports_them_inside_its_graph
     net = build_network(block, GeometryNet, "geometry.network").eval()
     calib = Calibration.load(default_calibration_path())
     view = network_view(calib, (64, 48))
-    cam = torch.from_numpy(camera_channels(calib, view))[None]
+    cam = net.camera_maps(calib, view)
+    np.testing.assert_array_equal(cam[0].numpy(), camera_channels(calib, view))
     x = torch.randn(2, 3, 48, 64)
     with pytest.raises(ValueError, match="camera_input"):
         net(x)
@@ -182,7 +183,7 @@ def test_a_geometry_network_given_the_cameras_maps_exports_them_inside_its_graph
         other = net(x, torch.zeros_like(cam))
     torch.testing.assert_close(again["height"], out["height"])
     assert float((other["height"] - out["height"]).abs().max()) > 1e-4, "the maps are read"
-    wrapper = GeometryExport(net, cam[0].numpy())
+    wrapper = GeometryExport(net, cam)
     path = tmp_path / "geometry.onnx"
     export_graph(wrapper, path, (64, 48), GEOMETRY_OUTPUT_NAMES)
     inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
