@@ -49,7 +49,7 @@ from perception.core.progress import progress
 from policies.data import sample_nearest, split_by_scene, surface_height_view, view_grids
 from policies.loggers import policy_logger
 from policies.module import TimedCosineModule
-from policies.networks import GeometryNet, build_network
+from policies.networks import HEIGHT_MAX, GeometryNet, build_network, height_bin_centres
 from policies.weights import load_base
 from sim_render.format import SEG_FIRST_OBJECT
 from sim_render.reader import SimFrameDataset
@@ -204,10 +204,26 @@ def make_geometry_datasets(
 def geometry_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loss_cfg: dict) -> dict[str, torch.Tensor]:
     """Height: smooth-L1 (metres, ``beta`` 1 cm) over the pixels with a known height, part
     pixels weighted ``object_weight`` (they are few, and they are what the grasp closes on);
-    object: binary cross-entropy over every pixel."""
+    object: binary cross-entropy over every pixel.
+
+    A network with height bins (``height_bin_logits``) learns them by cross-entropy against a
+    soft target, a Gaussian of ``bin_sigma`` bins around the true height (neighbouring heights
+    are near answers, not wrong ones), over the same pixels and weights; ``bin_weight`` scales
+    it in place of ``height_weight``. ``height_loss`` is then that cross-entropy."""
     known = batch["known"].float()
     obj = batch["object_target"].float()
     w = known * (1.0 + (float(loss_cfg["object_weight"]) - 1.0) * obj)
+    if "height_bin_logits" in out:
+        logits = out["height_bin_logits"]
+        c = height_bin_centres(logits.shape[1]).to(logits.device, logits.dtype)
+        sigma = float(loss_cfg["bin_sigma"]) * float(c[1] - c[0])
+        h = batch["height_target"].clamp(0.0, HEIGHT_MAX)[:, None]
+        target = torch.softmax(-0.5 * ((c.view(1, -1, 1, 1) - h) / sigma) ** 2, dim=1)
+        ce = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)
+        height_loss = (w * ce).sum() / w.sum().clamp_min(1.0)
+        object_loss = F.binary_cross_entropy_with_logits(out["object_logits"][:, 0], obj)
+        loss = float(loss_cfg["bin_weight"]) * height_loss + float(loss_cfg["mask_weight"]) * object_loss
+        return {"loss": loss, "height_loss": height_loss, "object_loss": object_loss}
     h_err = F.smooth_l1_loss(out["height"][:, 0], batch["height_target"], reduction="none", beta=0.01)
     height_loss = (w * h_err).sum() / w.sum().clamp_min(1.0)
     object_loss = F.binary_cross_entropy_with_logits(out["object_logits"][:, 0], obj)
@@ -230,7 +246,8 @@ class GeometryModule(TimedCosineModule):
         self.save_hyperparameters({"network": network, "loss": loss, "optim": optim, "view": view,
                                    "calibration": calibration, "config": config, "channels_last": channels_last})
         self.net = build_network(network, GeometryNet, "geometry.network")
-        self.loss_cfg = {"height_weight": 20.0, "mask_weight": 1.0, "object_weight": 4.0, **(loss or {})}
+        self.loss_cfg = {"height_weight": 20.0, "mask_weight": 1.0, "object_weight": 4.0, "bin_weight": 1.0,
+                         "bin_sigma": 1.0, **(loss or {})}
         self.channels_last = bool(channels_last)
 
     def on_fit_start(self) -> None:

@@ -36,8 +36,8 @@ from perception.core.calibration import Calibration
 from perception.core.frames import GRIPPER_MAX_WIDTH
 from perception.core.geometry import CAMERA_CHANNELS, NetworkView, camera_channels
 
-__all__ = ["UNet", "GraspNet", "GeometryNet", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX", "count_parameters",
-           "network_kwargs"]
+__all__ = ["UNet", "GraspNet", "GeometryNet", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX",
+           "BIN_READOUTS", "BINS_BELOW_TABLE", "bin_height", "height_bin_centres", "count_parameters", "network_kwargs"]
 
 #: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
 #: objects rest in the bin; fingertips go below the top of the part they close around).
@@ -177,6 +177,38 @@ class GraspNet(UNet):
         }
 
 
+#: How :class:`GeometryNet` reads a height from its bins (``readout``).
+BIN_READOUTS = ("mean", "mode")
+
+#: Height bins centred below the table (:func:`height_bin_centres`): the table's height, 0, is then a
+#: bin's centre with as many bins either side, so that its target and its readout are not pulled up
+#: by the bins' lower end (with the first centre half a bin above 0, table pixels read 3.6 mm).
+BINS_BELOW_TABLE = 2
+
+
+def height_bin_centres(bins: int) -> torch.Tensor:
+    """The centres of ``bins`` equal height bins, metres above the table: :data:`BINS_BELOW_TABLE`
+    below 0, one at 0 and the last at :data:`HEIGHT_MAX`."""
+    step = HEIGHT_MAX / (int(bins) - 1 - BINS_BELOW_TABLE)
+    return (torch.arange(int(bins), dtype=torch.float32) - BINS_BELOW_TABLE) * step
+
+
+def bin_height(logits: torch.Tensor, centres: torch.Tensor, readout: str = "mean") -> torch.Tensor:
+    """A height map ``(N, 1, H, W)`` from bin logits ``(N, K, H, W)`` over bin ``centres`` (metres):
+    ``mean``, the expectation over every bin; ``mode``, the expectation over the most likely bin
+    and its two neighbours, so that a pixel torn between two heights reads one of them, to a
+    fraction of a bin. Only ONNX's standard operators (the service runs it as a graph)."""
+    p = torch.softmax(logits, dim=1)
+    c = centres.view(1, -1, 1, 1).to(p.dtype)
+    if readout == "mean":
+        h = (p * c).sum(dim=1, keepdim=True)
+    else:
+        k = torch.arange(logits.shape[1], device=logits.device).view(1, -1, 1, 1)
+        w = p * ((k - logits.argmax(dim=1, keepdim=True)).abs() <= 1).to(p.dtype)
+        h = (w * c).sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True)
+    return h.clamp(0.0, HEIGHT_MAX)  # the bins below the table centre its height; no height is below it
+
+
 class GeometryNet(UNet):
     """Geometry from RGB in the camera view (:mod:`policies.geometry`).
 
@@ -186,22 +218,52 @@ class GeometryNet(UNet):
         the surface each pixel sees, in ``[0, HEIGHT_MAX]``, and ``object_logits (N, 1, H, W)``,
         the logit of "this pixel sees a part" (not the table, the bin or the floor);
         ``height_logits`` the height before its sigmoid (a bound on the height can push it
-        where the sigmoid is flat: :func:`policies.stops.stop_losses`).
+        where the sigmoid is flat: :func:`policies.stops.stop_losses`). With ``height_bins``
+        ``K > 0``, ``height_bin_logits (N, K, H, W)`` in place of ``height_logits``: the logits
+        of the height falling in each of ``K`` equal bins (:func:`height_bin_centres`), and
+        ``height`` read from them (``readout``).
 
     Args:
         base_channels, dilations: :class:`UNet`'s.
         camera_input: also take the calibrated camera's geometry at every pixel
             (:func:`perception.core.geometry.camera_channels`) beside the image.
+        height_bins: 0, the height regressed through a sigmoid; ``K > 0``, classified into ``K``
+            bins (trained by cross-entropy, :func:`policies.geometry.geometry_losses`). Why: a
+            regression answers the middle of what a pixel may be (a part lying at 30 mm or
+            stacked at 80 mm reads 55); the bins say how much the network believes each, and how
+            sure it is. Measured, not shipped: read as ``mean``, a part p90 a little lower than the
+            regression's; the belief on stacked parts is split, so no readout moves their bias
+            (docs/experiments/2026-12-07-geometry-height-in-bins.md).
+        readout: how ``height`` is read from the bins: ``mean``, the expectation over all bins;
+            ``mode``, the expectation over the most likely bin and its two neighbours (one of the
+            answers a split belief holds; worse in the validation cells).
     """
 
-    #: The class's default, so that a subclass with a trunk of its own takes the image alone.
+    #: The class's defaults, so that a subclass with a trunk of its own takes the image alone
+    #: and regresses its height.
     camera_input = False
+    height_bins = 0
 
-    def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4), camera_input: bool = False) -> None:
+    def __init__(self, base_channels: int = 16, dilations: tuple[int, ...] = (2, 4), camera_input: bool = False,
+                 height_bins: int = 0, readout: str = "mean") -> None:
         self.camera_input = bool(camera_input)
-        super().__init__(2, base_channels, dilations, 3 + (len(CAMERA_CHANNELS) if self.camera_input else 0))
+        self.height_bins = int(height_bins)
+        if self.height_bins < 0 or 0 < self.height_bins < BINS_BELOW_TABLE + 3:
+            raise ValueError(f"geometry.network.height_bins must be 0 (regression) or at least {BINS_BELOW_TABLE + 3}, "
+                             f"got {height_bins}")
+        if readout not in BIN_READOUTS:
+            raise ValueError(f"geometry.network.readout must be one of {list(BIN_READOUTS)}, got {readout!r}")
+        self.readout = readout
+        super().__init__(1 + max(self.height_bins, 1), base_channels, dilations,
+                         3 + (len(CAMERA_CHANNELS) if self.camera_input else 0))
         with torch.no_grad():
-            self.head.bias.copy_(torch.tensor([-2.0, -2.0]))  # most pixels see the floor
+            self.head.bias.fill_(-2.0)  # most pixels see the floor: a low height, not a part
+            if self.height_bins:
+                self.head.bias[: self.height_bins].zero_()
+                self.head.bias[BINS_BELOW_TABLE] = 2.0  # the floor's bin
+        if self.height_bins:
+            # Bin centres, metres; not in the state dict (they follow from height_bins).
+            self.register_buffer("bin_centres", height_bin_centres(self.height_bins), persistent=False)
 
     def forward(self, x: torch.Tensor, camera: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """``x`` the image; ``camera`` the view's :func:`perception.core.geometry.camera_channels`
@@ -213,6 +275,10 @@ class GeometryNet(UNet):
             camera = camera.to(dtype=x.dtype, device=x.device)
             x = torch.cat([x, camera.expand(x.shape[0], -1, -1, -1)], dim=1)
         out = self.trunk(x)
+        if self.height_bins:
+            logits = out[:, : self.height_bins]
+            return {"height": bin_height(logits, self.bin_centres, self.readout), "height_bin_logits": logits,
+                    "object_logits": out[:, self.height_bins :]}
         return {"height": HEIGHT_MAX * torch.sigmoid(out[:, :1]), "height_logits": out[:, :1],
                 "object_logits": out[:, 1:2]}
 

@@ -352,6 +352,10 @@ class GeometryStopModule(GeometryModule):
     def __init__(self, network: dict, loss: dict, optim: dict, view: dict, calibration: dict, label_weight: float,
                  tolerance: float, anchor_weight: float, between_weight: float) -> None:
         super().__init__(network=network, loss=loss, optim=optim, view=view, calibration=calibration)
+        if self.net.height_bins:
+            # The bounds push a regressed height's logit (stop_losses); the bins have none to push.
+            raise ValueError("the stop fine-tune (finetune.geometry) bounds a regressed height: this geometry network "
+                             "classifies its height into bins (network.height_bins); fine-tune one without them")
         self.label_weight, self.tolerance = float(label_weight), float(tolerance)
         self.anchor_weight, self.between_weight = float(anchor_weight), float(between_weight)
         calib = Calibration.from_dict(calibration)

@@ -189,3 +189,77 @@ def test_a_geometry_network_given_the_cameras_maps_exports_them_inside_its_graph
     inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
     assert [(i.name, i.shape[1]) for i in inputs] == [("image", 3)]
     assert graph_max_diff(wrapper, path, x.numpy(), GEOMETRY_OUTPUT_NAMES) < 1e-4
+
+
+def test_height_bins_read_one_of_two_answers_where_the_mean_reads_between():
+    """``bin_height``: a pixel torn between a lying part (bin 6) and a stacked one (bin 17) reads
+    bin 6's neighbourhood under ``mode`` and a height between the two under ``mean``; a pixel sure
+    of one bin reads its centre either way."""
+    from policies.networks import BINS_BELOW_TABLE, bin_height, height_bin_centres
+
+    K = 32
+    centres = height_bin_centres(K)
+    assert float(centres[BINS_BELOW_TABLE]) == 0.0, "the table's height is a bin's centre"
+    p = torch.full((K,), 1e-6)
+    p[6], p[17] = 0.55, 0.45
+    torn = torch.log(p / p.sum()).view(1, K, 1, 1)
+    sure = torch.full((1, K, 1, 1), -20.0)
+    sure[0, 9] = 20.0
+    mode, mean = bin_height(torn, centres, "mode").item(), bin_height(torn, centres, "mean").item()
+    assert abs(mode - float(centres[6])) < 1e-4
+    assert abs(mean - (0.55 * float(centres[6]) + 0.45 * float(centres[17]))) < 1e-4
+    for readout in ("mode", "mean"):
+        assert abs(bin_height(sure, centres, readout).item() - float(centres[9])) < 1e-6
+    table = torch.full((1, K, 1, 1), -20.0)
+    table[0, BINS_BELOW_TABLE - 1 : BINS_BELOW_TABLE + 2, 0, 0] = torch.tensor([0.0, 1.0, 0.0])
+    for readout in ("mode", "mean"):  # a symmetric belief about the table reads the table
+        assert abs(bin_height(table, centres, readout).item()) < 1e-6
+
+
+def test_a_geometry_network_with_height_bins_learns_a_known_target_and_exports(rendered, tmp_path):
+    """``height_bins``: the cross-entropy on the bins teaches the heights of a rendered frame (the
+    height read from the bins comes within two bins on the parts' median), a file's contents
+    rebuild it, its graph agrees with torch; bad settings and the stop fine-tune are refused."""
+    from policies.export import GEOMETRY_OUTPUT_NAMES, export_graph, graph_max_diff
+    from policies.geometry import geometry_net
+    from policies.networks import HEIGHT_MAX, GeometryExport, build_network
+    from policies.stops import GeometryStopModule
+
+    frames = SimFrameDataset(rendered, fields=("rgb", "depth", "seg"))
+    calib = frames.calibration
+    view = make_view(calib, (48, 36), "camera", margin=0.03)
+    recs = [geometry_record(frames[i], calib, view) for i in range(len(frames))]
+    items = [GeometryFrames(recs)[i] for i in range(len(recs))]
+    batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    block = {"_target_": "policies.networks.GeometryNet", "base_channels": 8, "dilations": [2], "height_bins": 16}
+    torch.manual_seed(0)
+    net = build_network(block, GeometryNet, "geometry.network")
+    cfg = {"height_weight": 20.0, "mask_weight": 1.0, "object_weight": 4.0, "bin_weight": 1.0, "bin_sigma": 1.0}
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    part = batch["known"] & batch["object_target"]
+    with torch.no_grad():
+        first = float((net(batch["image"])["height"][:, 0] - batch["height_target"]).abs()[part].median())
+    for _ in range(80):
+        loss = geometry_losses(net(batch["image"]), batch, cfg)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    with torch.no_grad():
+        out = net(batch["image"])
+    assert out["height_bin_logits"].shape == (len(recs), 16, 36, 48) and "height_logits" not in out
+    err = float((out["height"][:, 0] - batch["height_target"]).abs()[part].median())
+    assert err < 0.5 * first and err < 2 * HEIGHT_MAX / 16, (first, err)
+    with torch.no_grad():
+        again = geometry_net({"network": block, "state_dict": net.state_dict()})(batch["image"])
+    torch.testing.assert_close(again["height"], out["height"])
+    wrapper = GeometryExport(net)
+    export_graph(wrapper, tmp_path / "geometry.onnx", (48, 36), GEOMETRY_OUTPUT_NAMES)
+    assert graph_max_diff(wrapper, tmp_path / "geometry.onnx", batch["image"][:2].numpy(), GEOMETRY_OUTPUT_NAMES) < 1e-4
+    for bad, match in (({"height_bins": 4}, "height_bins"), ({"readout": "median"}, "readout")):
+        with pytest.raises(ValueError, match=match):
+            build_network({**block, **bad}, GeometryNet, "geometry.network")
+    with pytest.raises(ValueError, match="height_bins"):
+        GeometryStopModule(network=block, loss=cfg, optim={"lr": 1e-3}, view=view.to_dict(),
+                           calibration=calib.to_dict(), label_weight=1.0, tolerance=0.005,
+                           anchor_weight=1.0, between_weight=0.0)
