@@ -32,6 +32,9 @@ def test_there_are_experiments():
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_an_experiment_composes_and_its_values_win(name):
     own = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml"))
+    # An experiment built on another names it in Hydra's defaults list: not a value of the config. The
+    # other's values are checked by its own case, and must still hold where this one does not set them.
+    parents = own.pop("defaults", [])
     missing = [k for k, v in _leaves(own) if v == "???"]
     given = [f"{k}=/tmp/given_{k.replace('.', '_')}" for k in missing]  # a value the user must give
     cfg = compose_config("base", [f"experiment={name}", *given])
@@ -40,6 +43,12 @@ def test_an_experiment_composes_and_its_values_win(name):
         got = OmegaConf.select(cfg, key)
         want = f"/tmp/given_{key.replace('.', '_')}" if value == "???" else value
         assert got == want or to_plain(got) == want, (name, key, got, want)
+    mine = {k for k, _ in _leaves(own)}
+    for parent in parents:
+        for key, value in _leaves(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "experiment" / f"{parent}.yaml"))):
+            if key not in mine and key != "defaults" and value != "???":
+                got = OmegaConf.select(cfg, key)
+                assert got == value or to_plain(got) == value, (name, parent, key, got, value)
     assert plain["output_dir"]  # the rest of base.yaml is there
 
 
