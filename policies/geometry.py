@@ -219,15 +219,14 @@ def geometry_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
         sigma = float(loss_cfg["bin_sigma"]) * float(c[1] - c[0])
         h = batch["height_target"].clamp(0.0, HEIGHT_MAX)[:, None]
         target = torch.softmax(-0.5 * ((c.view(1, -1, 1, 1) - h) / sigma) ** 2, dim=1)
-        ce = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)
-        height_loss = (w * ce).sum() / w.sum().clamp_min(1.0)
-        object_loss = F.binary_cross_entropy_with_logits(out["object_logits"][:, 0], obj)
-        loss = float(loss_cfg["bin_weight"]) * height_loss + float(loss_cfg["mask_weight"]) * object_loss
-        return {"loss": loss, "height_loss": height_loss, "object_loss": object_loss}
-    h_err = F.smooth_l1_loss(out["height"][:, 0], batch["height_target"], reduction="none", beta=0.01)
+        h_err = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)
+        height_weight = float(loss_cfg["bin_weight"])
+    else:
+        h_err = F.smooth_l1_loss(out["height"][:, 0], batch["height_target"], reduction="none", beta=0.01)
+        height_weight = float(loss_cfg["height_weight"])
     height_loss = (w * h_err).sum() / w.sum().clamp_min(1.0)
     object_loss = F.binary_cross_entropy_with_logits(out["object_logits"][:, 0], obj)
-    loss = float(loss_cfg["height_weight"]) * height_loss + float(loss_cfg["mask_weight"]) * object_loss
+    loss = height_weight * height_loss + float(loss_cfg["mask_weight"]) * object_loss
     return {"loss": loss, "height_loss": height_loss, "object_loss": object_loss}
 
 
