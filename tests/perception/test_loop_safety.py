@@ -101,6 +101,19 @@ def test_a_frozen_camera_is_noticed(tmp_path, artifact_dir, frames_dir, capsys):
     assert summary["stopped_by"] == "failed_steps" and summary["failed_steps"] == 3
 
 
+def test_a_replay_handing_out_its_same_file_again_is_not_a_frozen_camera(tmp_path, artifact_dir, frames_dir):
+    # One file replayed: every step gets the same file, as a looping replay does whenever the
+    # loop's steps fall in step with its cycle. Copies of it in other files are still frozen
+    # (test_a_frozen_camera_is_noticed).
+    single = tmp_path / "single"
+    single.mkdir()
+    shutil.copy(frames_dir / "f_000.png", single / "f_000.png")
+    rc = _loop(artifact_dir, single, tmp_path / "a", "robot=dry", "max_failed_steps=2", "max_steps=5")
+    assert rc == 0
+    summary = json.loads((tmp_path / "a" / "last_session.json").read_text())
+    assert summary["failed_steps"] == 0 and summary["steps"] == 5
+
+
 def test_a_frame_of_another_size_is_one_failed_step(tmp_path, artifact_dir, frames_dir, calib, caplog):
     mixed = tmp_path / "mixed"
     shutil.copytree(frames_dir, mixed)
@@ -111,7 +124,7 @@ def test_a_frame_of_another_size_is_one_failed_step(tmp_path, artifact_dir, fram
     assert rc == 0  # the loop went on
     assert "the calibration wants (480, 640, 3)" in caplog.text
     summary = json.loads((tmp_path / "a" / "last_session.json").read_text())
-    # A looping 4-frame replay may also hand the loop the same file twice in a row (pixel-identical).
+    # Only the three frames of another size fail: a file handed out twice in a row is the replay's loop.
     assert summary["failed_steps"] >= 1 and summary["steps"] == 8
     assert summary["attempts"] == summary["steps"] - summary["failed_steps"]
 
