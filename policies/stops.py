@@ -279,7 +279,8 @@ def stop_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], or
     loss's BCE with its ``mask_weight``. Each term is the mean over the items that carry it.
 
     Args:
-        out: :class:`GeometryNet`'s outputs (``height``, ``height_logits``, ``object_logits``).
+        out: :class:`GeometryNet`'s outputs (``height``, ``object_logits``, and ``height_logits`` unless
+            the height is read from bins).
         origin: ``(3,)`` the camera centre in ``B``; ``dirs`` ``(H*W, 3)`` the view pixels'
             ray directions in ``B`` (:func:`perception.core.geometry.view_rays`), float64.
         tolerance: metres a measured height is trusted to.
@@ -296,7 +297,9 @@ def stop_losses(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], or
     N = h.shape[0]
     zero = h.sum() * 0.0
     hflat = h.reshape(N, -1)
-    logit = out["height_logits"][:, 0].reshape(N, -1)
+    # A regressed height's logit, or (height bins) the logit of the height read from the bins: the
+    # same monotone scale, through the bins' readout.
+    logit = (out["height_logits"] if "height_logits" in out else _height_logit(out["height"]))[:, 0].reshape(N, -1)
     # Where each pixel's predicted point is, from the prediction held fixed.
     with torch.no_grad():
         t = (table_z + hflat.double() - origin[2]) / dirs[None, :, 2]
@@ -352,10 +355,6 @@ class GeometryStopModule(GeometryModule):
     def __init__(self, network: dict, loss: dict, optim: dict, view: dict, calibration: dict, label_weight: float,
                  tolerance: float, anchor_weight: float, between_weight: float) -> None:
         super().__init__(network=network, loss=loss, optim=optim, view=view, calibration=calibration)
-        if self.net.height_bins:
-            # The bounds push a regressed height's logit (stop_losses); the bins have none to push.
-            raise ValueError("the stop fine-tune (finetune.geometry) bounds a regressed height: this geometry network "
-                             "classifies its height into bins (network.height_bins); fine-tune one without them")
         self.label_weight, self.tolerance = float(label_weight), float(tolerance)
         self.anchor_weight, self.between_weight = float(anchor_weight), float(between_weight)
         calib = Calibration.from_dict(calibration)

@@ -181,3 +181,35 @@ def test_measured_stops_pull_the_geometry_under_the_fingers_towards_them(twin, t
     assert abs(after[0] - stop_at) < 0.5 * abs(before[0] - stop_at)
     # The full descent: what stood above its end under the fingers comes down.
     assert before[1] > bound + 0.005 and after[1] - bound < 0.5 * (before[1] - bound)
+
+
+def test_a_stop_pulls_the_height_read_from_bins_towards_it(twin, tmp_path):
+    """A network whose height is classified into bins (``height_bins``) is fine-tuned on the stops
+    through the height read from its bins: after the same steps with and without the label, the
+    highest point under the fingers ends nearer the measured stop with it."""
+    from policies.networks import GeometryNet, build_network
+
+    STOP = 0.09  # metres above the table
+    calib, view, v2 = twin["calib"], twin["view"], twin["base"]
+    block = {"_target_": "policies.networks.GeometryNet", "base_channels": 8, "dilations": [2], "height_bins": 16}
+    torch.manual_seed(0)
+    net = build_network(block, GeometryNet, "geometry.network").eval()
+    base = {"format": GEOMETRY_FORMAT, "network": block, "state_dict": net.state_dict(),
+            "view_size": v2["view_size"], "margin": v2["margin"], "config": {"name": "bins"}}
+    tz = calib.table_z
+    cx, cy = float(np.mean(calib.workspace_x)), float(np.mean(calib.workspace_y))
+    attempt = {"grasp": {"position": [cx, cy, tz + 0.02], "yaw": 0.3, "width": 0.04}, "frame": "f.png",
+               "_dir": str(twin["dir"]), "outcome": {"success": False, "contact_stop": True, "fingertip_z": tz + STOP}}
+    stops = StopFrames([attempt], calib, view, **RULES)
+    # A stop well above what the sim frames teach there: the sim loss alone pulls away from it.
+    before = _highest_under(net, stops, twin["rays"])[0]
+    sim, _, _, _ = make_geometry_datasets([twin["rendered"]], {"view_size": base["view_size"], "margin": base["margin"],
+                                                               "augment": None}, HELD_OUT, 0)
+    after = {}
+    for weight in (0.0, 1.0):
+        gcfg = {"batch_size": 2, "label_weight": weight, "tolerance_m": 0.003, "anchor_weight": 0.0,
+                "between_weight": 0.0, "max_steps": 40, "max_time_s": None, "accelerator": "cpu",
+                "optim": {"lr": 3e-3, "warmup_steps": 0}}
+        res = finetune_geometry(base, stops, sim, tmp_path / f"w{weight}", gcfg, seed=0)
+        after[weight] = _highest_under(geometry_net(load_base(res["path"], GEOMETRY_FORMAT)), stops, twin["rays"])[0]
+    assert abs(after[1.0] - STOP) < 0.5 * abs(after[0.0] - STOP), (before, after)
