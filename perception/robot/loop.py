@@ -292,11 +292,7 @@ class GraspLoop:
         prev, self._previous = self._previous, frame
         if prev is not None and frame.index <= prev.index and frame.source == prev.source:
             return f"frame {frame.index}: the camera's frame counter did not advance (previous {prev.index})", True
-        # A looping replay hands out its same file again whenever the loop's steps fall in step
-        # with its cycle: that is the folder, not a frozen camera (copies of one picture in
-        # separate files still are).
-        replayed = bool(frame.origin) and frame.origin == prev.origin if prev is not None else False
-        if prev is not None and not replayed and np.array_equal(img, prev.image):
+        if prev is not None and np.array_equal(img, prev.image):
             return (f"frame {frame.index} is pixel-identical to the previous frame: a frozen camera "
                     "(a real sensor never repeats its noise)"), True
         return None, False

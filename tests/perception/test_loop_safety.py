@@ -72,9 +72,12 @@ def _loop(artifact_dir, camera_dir, out, *args):
 
 @pytest.mark.slow  # real 1.2 s motions, four of them
 def test_a_slow_robot_is_never_sent_a_second_grasp(tmp_path, artifact_dir, frames_dir, controller, capsys):
-    # The controller takes 1.2 s, the loop waits 0.3 s: it may still be moving.
+    # The controller takes 1.2 s, the loop waits 0.3 s: it may still be moving. The replay is paced
+    # (camera_fps): read as fast as PNGs decode, its 4 files can cycle in the loop's own 20 ms, and
+    # every step then gets the same file, "pixel-identical" to the last (a flake seen at d10588b).
+    paced = "camera_fps=70"
     rc = _loop(artifact_dir, frames_dir, tmp_path / "a", f"robot={controller}/grasp", "robot_timeout=0.3",
-               "max_attempts=3")
+               "max_attempts=3", paced)
     assert rc == EXIT_STOPPED_FOR_SAFETY
     err = capsys.readouterr().err
     assert "attempt 1" in err and "did not confirm" in err
@@ -82,7 +85,7 @@ def test_a_slow_robot_is_never_sent_a_second_grasp(tmp_path, artifact_dir, frame
     assert SlowController.grasps == 1 and SlowController.max_moving == 1
     # With an idle endpoint the loop waits for the motion to end, then goes on: no overlap.
     rc = _loop(artifact_dir, frames_dir, tmp_path / "b", f"robot={controller}/grasp", "robot_timeout=0.3",
-               f"robot_idle_url={controller}/idle", "robot_idle_timeout=5", "max_attempts=3")
+               f"robot_idle_url={controller}/idle", "robot_idle_timeout=5", "max_attempts=3", paced)
     assert rc == 0
     assert SlowController.grasps == 1 + 3 and SlowController.max_moving == 1
 
@@ -101,19 +104,6 @@ def test_a_frozen_camera_is_noticed(tmp_path, artifact_dir, frames_dir, capsys):
     assert summary["stopped_by"] == "failed_steps" and summary["failed_steps"] == 3
 
 
-def test_a_replay_handing_out_its_same_file_again_is_not_a_frozen_camera(tmp_path, artifact_dir, frames_dir):
-    # One file replayed: every step gets the same file, as a looping replay does whenever the
-    # loop's steps fall in step with its cycle. Copies of it in other files are still frozen
-    # (test_a_frozen_camera_is_noticed).
-    single = tmp_path / "single"
-    single.mkdir()
-    shutil.copy(frames_dir / "f_000.png", single / "f_000.png")
-    rc = _loop(artifact_dir, single, tmp_path / "a", "robot=dry", "max_failed_steps=2", "max_steps=5")
-    assert rc == 0
-    summary = json.loads((tmp_path / "a" / "last_session.json").read_text())
-    assert summary["failed_steps"] == 0 and summary["steps"] == 5
-
-
 def test_a_frame_of_another_size_is_one_failed_step(tmp_path, artifact_dir, frames_dir, calib, caplog):
     mixed = tmp_path / "mixed"
     shutil.copytree(frames_dir, mixed)
@@ -124,7 +114,7 @@ def test_a_frame_of_another_size_is_one_failed_step(tmp_path, artifact_dir, fram
     assert rc == 0  # the loop went on
     assert "the calibration wants (480, 640, 3)" in caplog.text
     summary = json.loads((tmp_path / "a" / "last_session.json").read_text())
-    # Only the three frames of another size fail: a file handed out twice in a row is the replay's loop.
+    # A looping 4-frame replay may also hand the loop the same file twice in a row (pixel-identical).
     assert summary["failed_steps"] >= 1 and summary["steps"] == 8
     assert summary["attempts"] == summary["steps"] - summary["failed_steps"]
 

@@ -38,15 +38,12 @@ class Frame:
         timestamp: :func:`time.monotonic` seconds when it was captured.
         index: running frame number of this camera (since the driver was created).
         source: a short description of the camera.
-        origin: where the picture came from when the source hands out the same picture again
-            on purpose (a replayed file's path; ``""``: a live sensor).
     """
 
     image: np.ndarray
     timestamp: float
     index: int
     source: str = ""
-    origin: str = ""
 
     def age(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.timestamp

@@ -71,7 +71,7 @@ class ReplayCamera(Camera):
         except ImageDecodeError as exc:
             raise CameraError(str(exc)) from exc
         self._index += 1
-        return Frame(image=img, timestamp=time.monotonic(), index=self._index, source=self.name, origin=str(path))
+        return Frame(image=img, timestamp=time.monotonic(), index=self._index, source=self.name)
 
     def close(self) -> None:
         self._files = None
