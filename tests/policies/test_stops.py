@@ -189,7 +189,9 @@ def test_a_stop_pulls_the_height_read_from_bins_towards_it(twin, tmp_path):
     highest point under the fingers ends nearer the measured stop with it."""
     from policies.networks import GeometryNet, build_network
 
-    STOP = 0.09  # metres above the table
+    # A stop well above what the sim frames teach there (metres above the table): the sim loss
+    # alone pulls away from it.
+    STOP = 0.09
     calib, view, v2 = twin["calib"], twin["view"], twin["base"]
     block = {"_target_": "policies.networks.GeometryNet", "base_channels": 8, "dilations": [2], "height_bins": 16}
     torch.manual_seed(0)
@@ -201,8 +203,7 @@ def test_a_stop_pulls_the_height_read_from_bins_towards_it(twin, tmp_path):
     attempt = {"grasp": {"position": [cx, cy, tz + 0.02], "yaw": 0.3, "width": 0.04}, "frame": "f.png",
                "_dir": str(twin["dir"]), "outcome": {"success": False, "contact_stop": True, "fingertip_z": tz + STOP}}
     stops = StopFrames([attempt], calib, view, **RULES)
-    # A stop well above what the sim frames teach there: the sim loss alone pulls away from it.
-    before = _highest_under(net, stops, twin["rays"])[0]
+    before = _highest_under(net, stops, twin["rays"])[0]  # for the message
     sim, _, _, _ = make_geometry_datasets([twin["rendered"]], {"view_size": base["view_size"], "margin": base["margin"],
                                                                "augment": None}, HELD_OUT, 0)
     after = {}
