@@ -246,7 +246,8 @@ class ArtifactGeometry:
                 runner = PolicyRunner(self.meta.path, calibration=calib, meta=self.meta, precision=self.precision)
             except ArtifactError as exc:
                 raise CellError(f"the artifact {self.meta.path} cannot serve this calibration: {exc}") from exc
-            rebuild = SurfaceRebuild(calib, self.g.view, runner.view, self.g.interior_margin, self.g.floor_height)
+            rebuild = SurfaceRebuild(calib, self.g.view, runner.view, self.g.interior_margin, self.g.floor_height,
+                                     walls=self.g.walls)
             self._runners[key] = (runner, rebuild)
             base = (self.meta.raw.get("geometry") or {}).get("base") or {}
             self.name = f"artifact {self.meta.path} ({base.get('name', 'geometry')}, {runner.precision})"

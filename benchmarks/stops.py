@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     base = load_base(name, GEOMETRY_FORMAT)
     runner = PolicyRunner(run["artifact"], calib)
     gm = runner.meta.geometry
-    rebuild = SurfaceRebuild(calib, gm.view, runner.view, gm.interior_margin, gm.floor_height)
+    rebuild = SurfaceRebuild(calib, gm.view, runner.view, gm.interior_margin, gm.floor_height, walls=gm.walls)
     rules = {"part_between_m": float(g["part_between_m"]), "closed_m": float(g["closed_m"])}
 
     def block(idx):

@@ -241,6 +241,7 @@ class Decode:
     sweep_depth: float | None = None
     part_centre: float | None = None
     rule: Any = None  # an options mapping or null: perception/core/rule.py checks its keys
+    rule_first: float | None = None
 
 
 @dataclass

@@ -87,9 +87,10 @@ def check_policy_config(pcfg: DictConfig | dict) -> None:
     if isinstance(decode, DictConfig):
         decode = OmegaConf.to_container(decode, resolve=True)
     # What the view must be for the options that are on (a camera view hears it first) ...
-    if decode.get("rule") is not None and kind != "table":
-        raise ValueError("policy.decode.rule needs the top-down view (policy.view.kind=table); "
-                         "set policy.decode.rule=null for a camera view")
+    for key in ("rule", "rule_first"):
+        if decode.get(key) is not None and kind != "table":
+            raise ValueError(f"policy.decode.{key} needs the top-down view (policy.view.kind=table); "
+                             f"set policy.decode.{key}=null for a camera view")
     shares = [key for key in CHECK_OPTIONS if decode.get(key) is not None]  # the decode's re-ranking checks
     if shares and kind != "table":
         raise ValueError(f"policy.decode.{' and '.join(shares)} need the top-down view (policy.view.kind=table); "

@@ -134,6 +134,8 @@ class GeometryMetadata:
         part_threshold: a pixel sees a part at or above this probability.
         interior_margin, floor_height: metres, see :class:`perception.core.geometry.SurfaceRebuild`.
         int8_onnx_path: its int8 graph (``geometry.int8``), or ``None``.
+        walls: ``(height, thickness)`` metres of the bin's walls (``geometry.walls``, optional):
+            the rebuild stands them inside the workspace edges; ``None``: as the network reads them.
     """
 
     onnx_path: Path
@@ -146,6 +148,24 @@ class GeometryMetadata:
     interior_margin: float
     floor_height: float
     int8_onnx_path: Path | None = None
+    walls: tuple[float, float] | None = None
+
+
+def _walls(entry: Any) -> tuple[float, float] | None:
+    """``geometry.walls``: absent or null, or ``{"height": m, "thickness": m, ...}`` (other keys,
+    such as where the numbers came from, are kept in the file and not read)."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ArtifactError("field 'geometry.walls' must be an object {height, thickness} in metres (or absent)")
+    try:
+        height, thickness = float(_req(entry, "height", "geometry.walls")), float(_req(entry, "thickness", "geometry.walls"))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"fields 'geometry.walls.height' and 'thickness' must be numbers: {exc}") from exc
+    if not (0.0 < height <= 0.2 and 0.0 < thickness <= 0.1):
+        raise ArtifactError(f"field 'geometry.walls': height in (0, 0.2] m and thickness in (0, 0.1] m, "
+                            f"got {height!r} and {thickness!r}")
+    return height, thickness
 
 
 def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
@@ -184,7 +204,8 @@ def _geometry_metadata(root: Path, g: Any) -> GeometryMetadata:
     return GeometryMetadata(onnx_path=root / name, input_name=input_name, mean=_triple(inp, "mean", "geometry.input"),
                             std=_triple(inp, "std", "geometry.input"), outputs=outputs, view=view, part_threshold=thr,
                             interior_margin=margin, floor_height=floor,
-                            int8_onnx_path=_int8_path(root, g.get("int8"), "geometry.int8"))
+                            int8_onnx_path=_int8_path(root, g.get("int8"), "geometry.int8"),
+                            walls=_walls(g.get("walls")))
 
 
 def _int8_path(root: Path, entry: Any, where: str) -> Path | None:
@@ -491,7 +512,7 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
     geometry = _geometry_metadata(root, raw["geometry"]) if raw.get("geometry") is not None else None
     if geometry is not None and not view.is_table:
         raise ArtifactError("field 'geometry' needs a top-down policy view (view.kind 'table'): the surface is rebuilt onto it")
-    for key in ("rule", "on_part_px", *CHECK_OPTIONS):
+    for key in ("rule", "rule_first", "on_part_px", *CHECK_OPTIONS):
         if getattr(decode_options, key) is not None and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")
@@ -685,7 +706,7 @@ class PolicyRunner:
         # The serving calibration's rebuild is made once; per-frame calibrations (the twin's
         # evaluation) are kept by digest.
         self._serving_rebuild = None if g is None else SurfaceRebuild(calib, g.view, self.view, g.interior_margin,
-                                                                      g.floor_height)
+                                                                      g.floor_height, walls=g.walls)
         self._rebuilds: dict[str, SurfaceRebuild] = {}
         self._pool = None
         if g is not None:
@@ -815,7 +836,7 @@ class PolicyRunner:
                 if len(self._rebuilds) >= 8:  # keep a few
                     self._rebuilds.clear()
                 rebuild = self._rebuilds[key] = SurfaceRebuild(calibration, g.view, self.view, g.interior_margin,
-                                                               g.floor_height)
+                                                               g.floor_height, walls=g.walls)
         return rebuild(height, part >= g.part_threshold)
 
     def infer_view(self, view_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:

@@ -46,6 +46,7 @@ from perception.core.rule import (
     object_cells,
     off_centre,
     rule_options,
+    share_option,
     support_score,
 )
 
@@ -95,7 +96,7 @@ class DecodedGrasp:
 #: The keys of an artifact's ``decode`` (``metadata.json``) and of ``policy.decode``: the options
 #: a policy is tuned with. The others of :class:`DecodeOptions` (the threshold, the workspace
 #: margin, the repeat memory's reach) are the server's settings, never read from that mapping.
-DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "on_part_px", *CHECK_OPTIONS)
+DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "rule_first", "on_part_px", *CHECK_OPTIONS)
 
 
 class DecodeOptionsError(ValueError):
@@ -146,6 +147,7 @@ class DecodeOptions:
     neighbourhood_px: int = 0
     width_margin: float = 0.0
     rule: dict | None = None
+    rule_first: float | None = None
     on_part_px: int | None = None
     fingers_clear: float | None = None
     jaws_on_part: float | None = None
@@ -183,6 +185,14 @@ class DecodeOptions:
                     put(key, check(getattr(self, key)))
                 except ValueError as exc:
                     raise DecodeOptionsError(str(exc), key) from exc
+        if self.rule_first is not None:
+            try:
+                put("rule_first", share_option(self.rule_first))
+            except ValueError as exc:
+                raise DecodeOptionsError(str(exc), "rule_first") from exc
+            if self.rule is not None:
+                raise DecodeOptionsError("are exclusive (rule_first answers the rule's grasps first and the "
+                                         "policy's otherwise; rule answers the rule's alone)", "rule_first", "rule")
         if self.rule is not None:
             try:
                 put("rule", rule_options(self.rule))
@@ -312,6 +322,11 @@ def decode_grasp(
             on the parts ``on_part_px`` looks for) is chosen only when no grasp at or above
             ``threshold`` meets enough: a re-rank below ``fingers_clear``'s (clear fingers
             first), never a null. Table views only; not with ``rule``.
+        rule_first: ``None``: off. Otherwise a score in ``[0, 1]``: the grasp ``rule`` (with
+            :data:`perception.core.rule.DEFAULT_RULE`) would answer on the predicted ``surface``
+            at this threshold, with its fingertip height and opening, is answered first; when
+            the rule finds none, the decode below answers as without it (the checks, the
+            ``threshold``). Table views only; not with ``rule``.
         sweep_depth: ``None``: off. Otherwise the fingertips of every (angle, pixel) come
             down to the higher of the network's height and :data:`perception.core.rule.ABOVE_TIPS`
             over the highest point of the predicted ``surface`` under either finger
@@ -335,6 +350,17 @@ def decode_grasp(
         Non-finite map values never produce a grasp.
     """
     o = options
+    if o.rule_first is not None:
+        # The rule on the predicted surface answers first where it finds a grasp (on few frames:
+        # a blurred surface merges parts wider than the opening), the policy's own choice
+        # elsewhere. Measured, off: docs/decode.md.
+        first = decode_grasp(quality, width, height, calib, view,
+                             replace(o, rule={}, rule_first=None, threshold=o.rule_first,
+                                     **{k: None for k in CHECK_OPTIONS}),
+                             surface=surface, avoid=avoid, rerank=rerank)
+        if first.grasp is not None:
+            return first
+        o = replace(o, rule_first=None)
     threshold, rule, avoid_radius, avoid_yaw = o.threshold, o.rule, o.avoid_radius, o.avoid_yaw
     q, wmap, hmap = _checked_maps(quality, width, height, view)
     A, H, W = q.shape

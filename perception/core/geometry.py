@@ -384,6 +384,13 @@ class SurfaceRebuild:
     ``floor_height``, so that noise of the predicted height on a textured floor makes no
     part. Outside it (the bin walls) the heights stand, as obstacles for the fingers.
 
+    ``walls`` (``(height, thickness)``, metres: the bin's walls as measured, e.g. by
+    ``sim2real-calibrate refine``) stands them where the contract does (section 3, the
+    outer faces on the workspace edges, the walls inside it): every cell within
+    ``thickness`` of an edge is a wall at least ``height`` high, whatever the network read
+    there (it reads some walls near the floor, and a finger on a wall stops the descent),
+    and the interior starts ``interior_margin`` inside the walls' inner faces.
+
     Args:
         calib: the serving calibration.
         camera_view: the geometry network's view (``kind="camera"``).
@@ -391,22 +398,32 @@ class SurfaceRebuild:
         interior_margin: metres.
         floor_height: metres above the table.
         fill_iterations: see :func:`top_down_max`.
+        walls: ``(height, thickness)`` in metres, or ``None``: the walls only as the network reads them.
     """
 
     def __init__(self, calib: Calibration, camera_view: NetworkView, top_view: NetworkView, interior_margin: float,
-                 floor_height: float, fill_iterations: int = 1) -> None:
+                 floor_height: float, fill_iterations: int = 1,
+                 walls: tuple[float, float] | None = None) -> None:
         if camera_view.is_table or not top_view.is_table:
             raise ValueError("the surface rebuild maps a camera view (kind 'camera') onto a top-down view (kind 'table')")
         self.calib, self.camera_view, self.top_view = calib, camera_view, top_view
         self.floor_height, self.fill_iterations = float(floor_height), int(fill_iterations)
         self._origin, self._dirs = view_rays(calib, camera_view)
         (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
-        m = float(interior_margin)
         Wt, Ht = top_view.size
         ty, tx = np.mgrid[0:Ht, 0:Wt]
         cell_xy = view_pixels_to_base(np.stack([tx.ravel(), ty.ravel()], axis=1).astype(np.float64), calib, top_view, 0.0)
-        self.interior = ((cell_xy[:, 0] >= x0 + m) & (cell_xy[:, 0] <= x1 - m) & (cell_xy[:, 1] >= y0 + m)
-                         & (cell_xy[:, 1] <= y1 - m)).reshape(Ht, Wt)
+
+        def inside(m: float) -> np.ndarray:
+            return ((cell_xy[:, 0] >= x0 + m) & (cell_xy[:, 0] <= x1 - m) & (cell_xy[:, 1] >= y0 + m)
+                    & (cell_xy[:, 1] <= y1 - m)).reshape(Ht, Wt)
+
+        self.wall_height, thickness = (0.0, 0.0) if walls is None else (float(walls[0]), float(walls[1]))
+        if not (0.0 <= self.wall_height < 0.5 and 0.0 <= thickness < 0.5):
+            raise ValueError(f"walls must be (height, thickness) in metres within [0, 0.5), got {walls!r}")
+        # A cell is on a wall when its centre is: the walls' inner faces a thickness inside the edges.
+        self.wall = inside(0.0) & ~inside(thickness) if thickness > 0 and self.wall_height > 0 else np.zeros((Ht, Wt), bool)
+        self.interior = inside(float(interior_margin) + (thickness if self.wall.any() else 0.0))
 
     def __call__(self, height: np.ndarray, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """
@@ -438,6 +455,8 @@ class SurfaceRebuild:
         surface = np.where(known, top, 0.0)
         on_part = known & (top_part > 0)
         surface = np.where(self.interior & ~on_part, np.minimum(surface, self.floor_height), surface)
+        surface = np.where(self.wall, np.maximum(surface, self.wall_height), surface)
+        on_part = on_part & ~self.wall
         return surface.astype(np.float32), on_part
 
 
@@ -450,6 +469,8 @@ def camera_heights_to_surface(
     interior_margin: float,
     floor_height: float,
     fill_iterations: int = 1,
+    walls: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One :class:`SurfaceRebuild` call (see it for the arguments and the result)."""
-    return SurfaceRebuild(calib, camera_view, top_view, interior_margin, floor_height, fill_iterations)(height, part)
+    return SurfaceRebuild(calib, camera_view, top_view, interior_margin, floor_height, fill_iterations,
+                          walls)(height, part)

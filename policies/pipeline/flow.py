@@ -14,6 +14,7 @@ loads) and ``output_dir/report.json`` / ``report.md`` with plots and image panel
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -24,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from adaptation.images import RealFrames, RealFramesError, list_real_frames, load_real_frames
 from conf import to_plain
+from perception.core.artifact import write_metadata
 from perception.core.atomic import replace_tree
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
 from perception.core.cli import config_number, run_hydra_command
@@ -152,6 +155,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     from policies.train import check_policy_config  # lazy: torch (not at import of the pipeline)
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
+    walls_config(cfg)
     if cfg.get("int8") is not None:
 
         config_number({"int8.max_frames": cfg.int8.get("max_frames")}, "int8.max_frames", int, lo=1)
@@ -172,6 +176,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
     if tuned_path != translator_path:  # task consistency fine-tuned it
         translator_path, translator = tuned_path, _translator(tuned_path)
     served, int8_res, policy_hash = _int8(run, policy_res, policy_hash, real_dir, real_hash)
+    served, walls_res, policy_hash = _walls(run, served, policy_hash, real_dir, real_hash)
     artifact = replace_tree(served, out / "artifact")
     eval_res = _eval_stage(run, served, policy_hash)
 
@@ -197,6 +202,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "policy": policy_res,
         "task_consistency": consistency_res,
         "int8": int8_res,
+        "walls": walls_res,
         "evaluation": eval_res,
     }
     write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=run.calib)
@@ -355,6 +361,80 @@ def _int8(run: _Run, policy_res: dict, policy_hash: str, real_dir: Path,
     if int8_res.get("artifact"):
         return int8_res["artifact"], int8_res, i_hash
     return served, int8_res, policy_hash
+
+
+def walls_config(cfg: DictConfig) -> dict:
+    """The pipeline's ``walls`` block, checked: ``height`` and ``thickness`` both null or both
+    metres in (0, 0.1].
+
+    Raises:
+        ValueError: the message names the key, its value and the range.
+    """
+    w_cfg = to_plain(cfg.get("walls")) or {}
+    if any(w_cfg.get(k) is not None for k in ("height", "thickness")):
+        for key in ("height", "thickness"):
+            config_number(w_cfg, key, float, lo=0.0, hi=0.1, lo_open=True, prefix="walls.")
+    return w_cfg
+
+
+def _walls(run: _Run, served: str, policy_hash: str, real_dir: Path,
+           real_hash: str) -> tuple[str, dict | None, str]:
+    """The bin's walls written into the artifact's geometry entry (``metadata.json:
+    geometry.walls``), so that the rebuilt surface stands them inside the workspace edges
+    (contract section 3) however low the network reads them: as given (``walls.height`` and
+    ``walls.thickness``), else from the calibration's ``sim2real-calibrate refine`` report,
+    else fitted on the real frames at the given pose (:func:`perception.core.refine.measure_walls`).
+    The ``target`` stand-in's bin stands its walls outside the workspace (the twin's), as does a
+    bin refined with ``fit.wall_placement=inner``: those write none unless given. Returns what
+    is served next, the stage's result and the hash the evaluation follows."""
+    w_cfg = walls_config(run.cfg)
+    meta = json.loads((Path(served) / "metadata.json").read_text())
+    if not w_cfg.get("enabled") or meta.get("geometry") is None:
+        return served, None, policy_hash
+    given = [w_cfg.get("height"), w_cfg.get("thickness")]
+    from perception.core.refine import RefineSettings, measure_walls  # lazy: only where walls are written
+
+    st = RefineSettings.defaults()
+    report = (json.loads(run.calib_path.read_text()).get("calibration_report") or {}).get("refine") or {}
+    from_report = None
+    # A fit that found walls (its edges at least min_contrast over the image's), standing inside the workspace.
+    if (report.get("wall_placement") == "outer" and float(report.get("edge_contrast") or 0.0) >= st.min_contrast
+            and report.get("wall_height_m") and report.get("wall_thickness_m")):
+        from_report = [float(report["wall_height_m"]), float(report["wall_thickness_m"])]
+    if all(v is None for v in given) and from_report is None:
+        # No wall stands in the workspace: the twin's stand-in, or a refine told the workspace is the bin's inside.
+        if report.get("wall_placement") == "inner":
+            return served, {"walls": None, "source": "none: the refine report's walls stand outside the workspace "
+                                                     "(fit.wall_placement=inner)"}, policy_hash
+        if not run.cfg.real_dir:
+            return served, {"walls": None, "source": "none: the target stand-in's walls stand outside the workspace"}, \
+                policy_hash
+
+    w_payload = {"walls": w_cfg, "policy": policy_hash, "real": real_hash, "report": from_report,
+                 "fit": dataclasses.asdict(st)}
+
+    def make_walls(d: Path) -> dict:
+        if all(v is not None for v in given):
+            walls, source = [float(v) for v in given], "given (walls.height, walls.thickness)"
+        elif from_report is not None:
+            walls, source = from_report, f"the calibration's refine report ({run.calib_path})"
+        else:
+            frames = RealFrames(real_dir, run.calib)
+            # Evenly spaced over the folder, as sim2real-calibrate refine picks them.
+            picks = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), st.max_frames)).round().astype(int))
+            log.info("fitting the bin's walls on %d real frames (perception/core/refine.py)", len(picks))
+            fitted = measure_walls([frames[int(i)] for i in picks], run.calib, st)
+            walls, source = (None if fitted is None else list(fitted)), f"fitted on {len(picks)} frames of {real_dir}"
+        art = replace_tree(served, d / "artifact")
+        raw = json.loads((art / "metadata.json").read_text())
+        raw["geometry"]["walls"] = None if walls is None else {"height": walls[0], "thickness": walls[1], "source": source}
+        write_metadata(art, raw)
+        log.info("bin walls in the artifact: %s (%s)", "none found" if walls is None else
+                 f"{walls[0] * 1e3:.0f} mm high, {walls[1] * 1e3:.0f} mm thick", source)
+        return {"artifact": str(art), "walls": walls, "source": source}
+
+    _, walls_res, w_hash = run.stages.run("walls", w_payload, make_walls)
+    return walls_res["artifact"], walls_res, w_hash
 
 
 def _eval_stage(run: _Run, served: str, policy_hash: str) -> dict:

@@ -62,6 +62,12 @@ def _geometry_entry(meta: dict, onnx: str = "policy.onnx", kind: str = "camera",
         (lambda m: m.update(geometry=_geometry_entry(m, kind="table")), "must be a camera view"),
         (lambda m: m.update(geometry=_geometry_entry(m, part_threshold=1.5)), "part_threshold"),
         (lambda m: m.update(geometry={**_geometry_entry(m), "outputs": {"height": "h"}}), "outputs' field 'part'|'part' is missing"),
+        (lambda m: m.update(geometry={**_geometry_entry(m), "walls": [0.06, 0.01]}), "geometry.walls' must be an object"),
+        (lambda m: m.update(geometry={**_geometry_entry(m), "walls": {"height": 0.06}}), "thickness"),
+        (lambda m: m.update(geometry={**_geometry_entry(m), "walls": {"height": 0.06, "thickness": 0.3}}),
+         r"thickness in \(0, 0.1\] m"),
+        (lambda m: m.update(geometry={**_geometry_entry(m), "walls": {"height": "high", "thickness": 0.01}}),
+         "must be numbers"),
     ],
 )
 def test_bad_metadata_is_refused(tmp_path, artifact_dir, mutate, message):
@@ -320,6 +326,11 @@ def test_artifact_decode_options_are_read_with_defaults(tmp_path, artifact_dir, 
         del meta["decode"][key]
     g = load_metadata(d).geometry
     assert g is not None and g.part_threshold == 0.5 and g.floor_height == 0.007 and not g.view.is_table
+    assert g.walls is None  # absent: the walls as the network reads them
+    meta["geometry"]["walls"] = {"height": 0.058, "thickness": 0.012, "source": "a ruler"}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    assert load_metadata(d).geometry.walls == (0.058, 0.012)
+    del meta["geometry"]["walls"]
     meta["view"]["kind"] = "camera"
     (d / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match="needs a top-down policy view"):

@@ -139,6 +139,34 @@ def test_decode_with_the_rule_grasps_a_bar_across_at_its_height(calib):
     assert empty.grasp is None
 
 
+def test_rule_first_answers_the_rules_grasp_and_otherwise_the_policys(calib):
+    """``rule_first``: a bar the rule can close on comes first, at the rule's height and
+    opening, though the policy's best is elsewhere; a bar wider than the opening (nothing
+    fits) leaves the policy's own best, as without the option."""
+    view = table_view(calib, (96, 96))
+    x, y, yaw = 0.5, 0.02, 0.4
+    q = np.full((A, 96, 96), 0.4, np.float32)
+    q[:, 80, 12] = 0.95  # the policy's best: a corner far from the bar
+    w = np.full((96, 96), 0.02, np.float32)
+    h = np.full((96, 96), 0.005, np.float32)
+    plain = DecodeOptions(0.3, fingers_clear=0.25)
+    first = plain.replace(rule_first=0.1)
+    bar = _bar_in_view(calib, view, x, y, yaw)
+    ruled = decode_grasp(q, w, h, calib, view, first, surface=bar).grasp
+    assert ruled is not None and math.hypot(ruled.position[0] - x, ruled.position[1] - y) < 0.05
+    assert ruled.position[2] == pytest.approx(calib.table_z + 0.04 - GRASP_DEPTH, abs=1e-6)  # the rule's height
+    own = decode_grasp(q, w, h, calib, view, plain, surface=bar).grasp
+    assert math.hypot(own.position[0] - x, own.position[1] - y) > 0.1  # without it: the policy's corner
+    slab = _bar_in_view(calib, view, x, y, yaw, half_w=0.06)  # 12 cm across: no grasp fits
+    fallback = decode_grasp(q, w, h, calib, view, first, surface=slab).grasp
+    own = decode_grasp(q, w, h, calib, view, plain, surface=slab).grasp
+    assert fallback is not None and np.allclose(fallback.position, own.position) and fallback.yaw == own.yaw
+    with pytest.raises(ValueError, match="rule_first' and 'decode.rule' are exclusive|rule_first and decode.rule"):
+        DecodeOptions(0.3, rule={}, rule_first=0.1)
+    with pytest.raises(ValueError, match="rule_first"):
+        DecodeOptions(0.3, rule_first=1.5)
+
+
 def test_decode_rule_refuses_what_it_cannot_use(calib):
     q = np.full((A, 32, 32), 0.5, np.float32)
     m = np.zeros((32, 32), np.float32)

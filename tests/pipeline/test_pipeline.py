@@ -330,3 +330,64 @@ def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_p
     res = subprocess.run([str(BIN / "sim2real-finetune"), f"run_dir={tmp_path}", f"recordings=[{rec}]",
                           f"output_dir={tmp_path / 'x'}"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "report.json" in res.stderr
+
+
+def _geometry_artifact(tmp_path: Path, calib) -> Path:
+    """A test artifact with a geometry entry (its graph: the policy's, which loads as one)."""
+    from perception.core.artifact import write_metadata
+    from perception.core.testing import make_test_artifact
+
+    art = make_test_artifact(tmp_path / "served", calib)
+    meta = json.loads((art / "metadata.json").read_text())
+    meta["geometry"] = {"onnx": meta["onnx"], "input": {"name": "image", "mean": [0.5] * 3, "std": [0.25] * 3},
+                        "outputs": {"height": "height", "part": "height"}, "view": {**meta["view"], "kind": "camera"},
+                        "part_threshold": 0.5, "interior_margin": 0.01, "floor_height": 0.007}
+    write_metadata(art, meta)
+    return art
+
+
+@pytest.mark.parametrize("case", ["given", "report", "inner", "stand-in", "off"])
+def test_the_walls_stage_writes_the_bins_walls_into_the_artifact(tmp_path, case):
+    """``walls``: given numbers, else the calibration's refine report; the stand-in's twin bin
+    (no ``real_dir``) gets none, and ``walls.enabled=false`` serves the artifact untouched."""
+    from omegaconf import OmegaConf
+
+    from perception.core.artifact import load_metadata
+    from perception.core.calibration import Calibration, default_calibration_path
+    from policies.pipeline.flow import Stages, _Run, _walls
+
+    calib_path = default_calibration_path()
+    calib = Calibration.load(calib_path)
+    if case in ("report", "inner"):  # what sim2real-calibrate refine writes beside the pose
+        data = json.loads(Path(calib_path).read_text())
+        data["calibration_report"] = {"refine": {"wall_placement": "outer" if case == "report" else "inner",
+                                                 "wall_height_m": 0.059,
+                                                 "wall_thickness_m": 0.0121, "edge_contrast": 3.2}}
+        calib_path = tmp_path / "refined.json"
+        calib_path.write_text(json.dumps(data))
+    walls = {"enabled": case != "off", "height": 0.05 if case == "given" else None,
+             "thickness": 0.02 if case == "given" else None}
+    cfg = OmegaConf.create({"walls": walls, "real_dir": str(tmp_path) if case == "inner" else None})
+    served = _geometry_artifact(tmp_path, calib)
+    run = _Run(cfg, tmp_path / "out", Path(calib_path), calib, Stages(tmp_path / "out", reuse=True), 0)
+    out, res, h = _walls(run, str(served), "policyhash", tmp_path, "realhash")
+    g = load_metadata(out).geometry
+    if case in ("off", "stand-in", "inner"):  # inner: real frames, yet no wall stands in the workspace
+        assert g.walls is None and h == "policyhash"
+        assert out == str(served) and (res is None) == (case == "off")
+    else:
+        assert g.walls == ((0.05, 0.02) if case == "given" else (0.059, 0.0121)) and h != "policyhash"
+        assert Path(out) != served and load_metadata(served).geometry.walls is None  # the policy stage's stays
+
+
+def test_walls_given_by_half_or_out_of_range_are_refused_before_any_stage():
+    from omegaconf import OmegaConf
+
+    from policies.pipeline.flow import walls_config
+
+    for walls, match in (({"height": 0.05, "thickness": None}, "walls.thickness"),
+                         ({"height": 0.5, "thickness": 0.01}, "walls.height"),
+                         ({"height": 0.05, "thickness": 0.0}, "walls.thickness")):
+        with pytest.raises(ValueError, match=match):
+            walls_config(OmegaConf.create({"walls": {"enabled": True, **walls}}))
+    assert walls_config(OmegaConf.create({"walls": {"enabled": True, "height": 0.05, "thickness": 0.01}}))["height"] == 0.05

@@ -64,6 +64,30 @@ def test_camera_heights_to_surface_refuses_the_wrong_views(calib):
     assert np.all(interior <= 0.004)  # 5 cm seen nowhere on a part: floor inside the bin
 
 
+def test_measured_walls_stand_inside_the_workspace_edges_however_low_the_network_reads_them(calib):
+    """``walls=(height, thickness)``: every top-down cell within the thickness of a workspace
+    edge is a wall at least that high (never a part), the floor cap starts inside the walls'
+    inner faces, and the rest of the surface is the one without walls."""
+    from perception.core.geometry import view_pixels_to_base
+
+    top = table_view(calib, (64, 64))
+    cam = make_view(calib, (80, 60), "camera")
+    low = np.full((60, 80), 0.004)  # the network reads the whole scene 4 mm high, the walls too
+    args = (np.zeros((60, 80), bool), calib, cam, top, 0.01, 0.0072)
+    plain, _ = camera_heights_to_surface(low, *args)
+    walled, part = camera_heights_to_surface(low, *args, walls=(0.058, 0.012))
+    v, u = np.mgrid[0:64, 0:64]
+    xy = view_pixels_to_base(np.stack([u.ravel(), v.ravel()], 1).astype(float), calib, top, 0.0).reshape(64, 64, 3)
+    (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
+    inset = np.minimum.reduce([xy[..., 0] - x0, x1 - xy[..., 0], xy[..., 1] - y0, y1 - xy[..., 1]])
+    band = (inset >= 0) & (inset <= 0.012)
+    assert band.sum() > 50 and np.all(walled[band] == pytest.approx(0.058)) and not part[band].any()
+    assert np.all(plain[band] < 0.01)  # without them the walls are as low as the network read them
+    np.testing.assert_array_equal(walled[~band], plain[~band])
+    with pytest.raises(ValueError, match="walls"):
+        camera_heights_to_surface(low, *args, walls=(-0.01, 0.012))
+
+
 def test_geometry_frames_augment_and_the_loss_learns_a_known_target(rendered):
     frames = SimFrameDataset(rendered, fields=("rgb", "depth", "seg"))
     calib = frames.calibration

@@ -173,3 +173,19 @@ def test_the_default_refines_a_bin_whose_outer_faces_stand_on_the_workspace_edge
     written_ws = workspace_shift_mm(true, true.T_base_camera, written)
     assert given_ws > 3.0 and written_ws <= 1.5, (given_ws, written_ws)
     assert abs(report["wall_thickness_m"] - 0.012) < 0.003
+
+
+@pytest.mark.slow  # about 40 s: 10 frames rendered and fitted
+def test_the_walls_alone_are_measured_on_the_contracts_bin(tmp_path):
+    """``measure_walls`` (what the pipeline writes into the artifact when the calibration has
+    no refine report): the contract's bin, 45 mm high and 12 mm thick inside the workspace,
+    the calibration right; the fit reads both within 3 mm. The twin's own bin (the inner
+    faces on the edges) is not measured with the inner model: no wall stands in the workspace."""
+    from perception.core.refine import measure_walls
+
+    true = Calibration.load(default_calibration_path())
+    folder = render_cell_frames(tmp_path / "frames", bin_inside(true, 0.012, "outer"), 10, 0.045, 0.012, seed=5)
+    frames = [read_image(p) for p in sorted(folder.glob("*.png"))]
+    walls = measure_walls(frames, true)
+    assert walls is not None and abs(walls[0] - 0.045) < 0.003 and abs(walls[1] - 0.012) < 0.003, walls
+    assert measure_walls(frames, true, RefineSettings.defaults(wall_placement="inner")) is None
