@@ -242,6 +242,7 @@ class Decode:
     part_centre: float | None = None
     rule: Any = None  # an options mapping or null: perception/core/rule.py checks its keys
     rule_first: float | None = None
+    answer_on_parts: bool = False
 
 
 @dataclass

@@ -806,9 +806,11 @@ class PolicyRunner:
 
     def _decode(self, maps: PolicyMaps, calib: Calibration, options: DecodeOptions | None, avoid: Sequence[Grasp],
                 rerank: np.ndarray | Callable[[np.ndarray], np.ndarray] | None) -> DecodedGrasp:
+        walls = None if self.meta.geometry is None or maps.surface is None else self.meta.geometry.walls
         return decode_grasp(maps.quality, maps.width, maps.height, calib, self.view,
                             self.meta.decode_options if options is None else options, surface=maps.surface,
-                            avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank)
+                            avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank,
+                            walls_inset=0.0 if walls is None else walls[1])
 
     def geometry_maps(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The geometry graph on one raw frame: ``height`` and ``part`` probability ``(H, W)`` in its camera view."""

@@ -75,6 +75,8 @@ class DecodedGrasp:
         reason: why ``grasp`` is ``None`` (``None`` when a grasp is returned).
         angle_bin: the chosen image-plane angle bin.
         view_angle: its angle in the view image (radians, from ``+u`` towards ``+v``).
+        empty: ``grasp`` is ``None`` because the bin looks empty (``on_part_px``), not for
+            want of quality.
     """
 
     grasp: Grasp | None
@@ -83,6 +85,7 @@ class DecodedGrasp:
     reason: str | None
     angle_bin: int | None = None
     view_angle: float | None = None
+    empty: bool = False  # no grasp because the predicted surface shows no part (``on_part_px``)
 
     def to_dict(self) -> dict:
         """The service's answer fields: ``grasp``, ``pixel`` and ``reason``."""
@@ -96,7 +99,8 @@ class DecodedGrasp:
 #: The keys of an artifact's ``decode`` (``metadata.json``) and of ``policy.decode``: the options
 #: a policy is tuned with. The others of :class:`DecodeOptions` (the threshold, the workspace
 #: margin, the repeat memory's reach) are the server's settings, never read from that mapping.
-DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "rule_first", "on_part_px", *CHECK_OPTIONS)
+DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "rule_first", "on_part_px", "answer_on_parts",
+               *CHECK_OPTIONS)
 
 
 class DecodeOptionsError(ValueError):
@@ -149,6 +153,7 @@ class DecodeOptions:
     rule: dict | None = None
     rule_first: float | None = None
     on_part_px: int | None = None
+    answer_on_parts: bool = False
     fingers_clear: float | None = None
     jaws_on_part: float | None = None
     sweep_depth: float | None = None
@@ -179,6 +184,13 @@ class DecodeOptions:
             put("on_part_px", _number("on_part_px", self.on_part_px, int, "an integer"))
             if self.on_part_px < 0:
                 raise DecodeOptionsError("must be >= 0 (or null: off)", "on_part_px")
+        if self.answer_on_parts is None:  # null: off, as the other options
+            put("answer_on_parts", False)
+        if not isinstance(self.answer_on_parts, bool):
+            raise DecodeOptionsError(f"must be true or false, got {self.answer_on_parts!r}", "answer_on_parts")
+        if self.answer_on_parts and self.on_part_px is None:
+            raise DecodeOptionsError("needs on_part_px (the parts it answers on are the predicted surface's; "
+                                     "without them an empty bin would get a grasp)", "answer_on_parts", "on_part_px")
         for key, check in CHECK_OPTIONS.items():  # the re-ranking checks
             if getattr(self, key) is not None:
                 try:
@@ -224,7 +236,8 @@ class DecodeOptions:
         """The ``decode`` mapping of these options (``metadata.json``): ``neighbourhood_px``,
         ``width_margin`` and the options that are on."""
         out: dict = {"neighbourhood_px": self.neighbourhood_px, "width_margin": self.width_margin}
-        out.update({k: getattr(self, k) for k in DECODE_KEYS if k not in out and getattr(self, k) is not None})
+        out.update({k: getattr(self, k) for k in DECODE_KEYS
+                    if k not in out and getattr(self, k) is not None and getattr(self, k) is not False})
         if "rule" in out:
             out["rule"] = dict(out["rule"])  # the metadata's own copy, not the options' dict
         return out
@@ -250,8 +263,8 @@ def grasp_in_workspace(grasp: Grasp, calib: Calibration, margin: float = 0.0) ->
     )
 
 
-def _none(reason: str) -> DecodedGrasp:
-    return DecodedGrasp(grasp=None, view_pixel=None, pixel=None, reason=reason)
+def _none(reason: str, empty: bool = False) -> DecodedGrasp:
+    return DecodedGrasp(grasp=None, view_pixel=None, pixel=None, reason=reason, empty=empty)
 
 
 def decode_grasp(
@@ -265,6 +278,7 @@ def decode_grasp(
     surface: np.ndarray | None = None,
     avoid: Sequence[Grasp] = (),
     rerank: np.ndarray | None = None,
+    walls_inset: float = 0.0,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -286,6 +300,9 @@ def decode_grasp(
             ``threshold`` when choosing among them (:class:`perception.robot.online.OnlineResidual`):
             it re-ranks the network's candidates and never admits one below the threshold;
             the answered quality stays the network's; per frame.
+        walls_inset: metres the bin's walls reach inside the workspace edges (the artifact's
+            ``geometry.walls`` thickness, which the rebuilt surface stands there): parts are
+            looked for that much further in, so a wall is never taken for a part.
 
     The fields of ``options``:
         threshold: minimum quality; below it no grasp is returned.
@@ -322,6 +339,12 @@ def decode_grasp(
             on the parts ``on_part_px`` looks for) is chosen only when no grasp at or above
             ``threshold`` meets enough: a re-rank below ``fingers_clear``'s (clear fingers
             first), never a null. Table views only; not with ``rule``.
+        answer_on_parts: with ``on_part_px``, a frame whose predicted surface shows a part is
+            never answered "no grasp" for want of quality: when no grasp reaches ``threshold``
+            (or every one that does is ``avoid``-ed), the decode answers as with the threshold
+            at 0 (the checks still rank; the answered quality says how sure). Only "the bin
+            looks empty" stays a null: a null with parts in the bin is a failed attempt that
+            tells the robot nothing.
         rule_first: ``None``: off. Otherwise a score in ``[0, 1]``: the grasp ``rule`` (with
             :data:`perception.core.rule.DEFAULT_RULE`) would answer on the predicted ``surface``
             at this threshold, with its fingertip height and opening, is answered first; when
@@ -350,6 +373,12 @@ def decode_grasp(
         Non-finite map values never produce a grasp.
     """
     o = options
+    kw = {"surface": surface, "avoid": avoid, "rerank": rerank, "walls_inset": walls_inset}
+    if o.answer_on_parts:
+        first = decode_grasp(quality, width, height, calib, view, replace(o, answer_on_parts=False), **kw)
+        if first.grasp is not None or first.empty:
+            return first
+        return decode_grasp(quality, width, height, calib, view, replace(o, answer_on_parts=False, threshold=0.0), **kw)
     if o.rule_first is not None:
         # The rule on the predicted surface answers first where it finds a grasp (on few frames:
         # a blurred surface merges parts wider than the opening), the policy's own choice
@@ -357,7 +386,7 @@ def decode_grasp(
         first = decode_grasp(quality, width, height, calib, view,
                              replace(o, rule={}, rule_first=None, threshold=o.rule_first,
                                      **{k: None for k in CHECK_OPTIONS}),
-                             surface=surface, avoid=avoid, rerank=rerank)
+                             **kw)
         if first.grasp is not None:
             return first
         o = replace(o, rule_first=None)
@@ -367,7 +396,7 @@ def decode_grasp(
     q = _neighbourhood_worst(q, o.neighbourhood_px)
     rule_width = None
     if rule is not None:
-        q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule)
+        q, rule_width, hmap = _apply_rule(q, surface, calib, view, rule, walls_inset)
     q, avoided = _without_failures(q, avoid, hmap, calib, view, threshold, avoid_radius, avoid_yaw)
     if rerank is None:
         score = q
@@ -376,7 +405,8 @@ def decode_grasp(
             score = np.where(q >= threshold, q + np.nan_to_num(np.asarray(rerank, dtype=np.float32)), -np.inf)
     checks = {key: getattr(o, key) for key in CHECK_OPTIONS}
     reranked = rerank is not None or any(c is not None for c in checks.values())
-    score, parts, tips = _apply_checks(q, score, threshold, wmap, hmap, o.width_margin, surface, calib, view, checks)
+    score, parts, tips = _apply_checks(q, score, threshold, wmap, hmap, o.width_margin, surface, calib, view, checks,
+                                       walls_inset)
     abin = score.argmax(axis=0)
     if tips is not None:
         hmap = np.take_along_axis(tips, abin[None], axis=0)[0]
@@ -386,10 +416,11 @@ def decode_grasp(
     if rule_width is not None:
         valid &= qbest > 0  # grasps that do not fit score 0
     if o.on_part_px is not None:
-        near = _near(parts if parts is not None else _parts(surface, calib, view, "on_part_px"), o.on_part_px)
+        near = _near(parts if parts is not None else _parts(surface, calib, view, "on_part_px", walls_inset),
+                     o.on_part_px)
         if not near.any():
             return _none(f"the bin looks empty: the predicted surface shows no part higher than "
-                         f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace")
+                         f"{DEFAULT_RULE['object_height']:.3f} m above the table in the workspace", empty=True)
         if not (valid & near).any() and valid.any() and not avoided:
             return _none(f"no grasp on a predicted part reaches the quality threshold {threshold:.2f}")
         valid &= near
@@ -485,7 +516,7 @@ def _neighbourhood_worst(q: np.ndarray, r: int) -> np.ndarray:
 
 def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.ndarray, hmap: np.ndarray,
                   width_margin: float, surface: np.ndarray | None, calib: Calibration, view: NetworkView,
-                  checks: dict) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+                  checks: dict, walls_inset: float = 0.0) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The re-ranking checks on the predicted surface (``fingers_clear``, ``jaws_on_part``,
     ``sweep_depth``, ``part_centre``; see :func:`decode_grasp`; never with ``rule``:
     :class:`DecodeOptions` refuses them together).
@@ -510,7 +541,7 @@ def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.n
         score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
     parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
     if jaws_on_part is not None:
-        parts = _parts(surface, calib, view, "jaws_on_part")
+        parts = _parts(surface, calib, view, "jaws_on_part", walls_inset)
         span = jaw_span(parts, _cell_m(view), A)
         # The spans are counts of cells over the strip's cells: a tolerance for the filter's rounding.
         score = np.where(span < float(jaws_on_part) - 1e-6, score - _SHALLOW_SHIFT, score)
@@ -523,7 +554,7 @@ def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.n
         score = np.where(need > top - float(sweep_depth) + 1e-6, score - _BLOCKED_SHIFT, score)
     if part_centre is not None:
         if parts is None:
-            parts = _parts(surface, calib, view, "part_centre")
+            parts = _parts(surface, calib, view, "part_centre", walls_inset)
         # Less than a check's shift (part_centre <= 1): it orders grasps within a tier, never across.
         score = score - float(part_centre) * off_centre(parts)[None]
     return score, parts, tips
@@ -631,11 +662,12 @@ def _standing(surface: np.ndarray | None, view: NetworkView, option: str) -> np.
     return object_cells(s, None, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
 
 
-def _parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, option: str) -> np.ndarray:
+def _parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, option: str,
+           walls_inset: float = 0.0) -> np.ndarray:
     """``(H, W)`` bool: the parts of the predicted surface, inside the workspace clear of the
-    walls (the rule's ``object_cells`` with its defaults)."""
+    walls (the rule's ``object_cells`` with its defaults; ``walls_inset``: see :func:`decode_grasp`)."""
     s = _surface_map(surface, view, option)
-    region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]))
+    region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]) + float(walls_inset))
     return object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
 
 
@@ -648,7 +680,8 @@ def _near(parts: np.ndarray, radius_px: int) -> np.ndarray:
 
 
 def _apply_rule(
-    q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict
+    q: np.ndarray, surface: np.ndarray | None, calib: Calibration, view: NetworkView, rule: dict,
+    walls_inset: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rule's score ``(A, H, W)``, opening ``(A, H, W)`` and fingertip height ``(H, W)``
     (``rule``: :attr:`DecodeOptions.rule`, checked)."""
@@ -657,7 +690,7 @@ def _apply_rule(
     A = q.shape[0]
     px_m = _cell_m(view)
     # Parts are looked for inside the workspace, clear of the bin walls at its edge.
-    region = _part_region(calib, view, float(opt["region_margin"]))
+    region = _part_region(calib, view, float(opt["region_margin"]) + float(walls_inset))
     parts = object_cells(s, region, float(opt["object_height"]), int(opt["min_object_px"]))
     fits, width, tip, _ = fitting_grasps(s, px_m, A, parts)
     score = support_score(fits, int(opt["support_px"]), float(opt["bin_weight"]))

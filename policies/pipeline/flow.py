@@ -365,7 +365,7 @@ def _int8(run: _Run, policy_res: dict, policy_hash: str, real_dir: Path,
 
 def walls_config(cfg: DictConfig) -> dict:
     """The pipeline's ``walls`` block, checked: ``height`` and ``thickness`` both null or both
-    metres in (0, 0.1].
+    metres in (0, 0.1]; ``fit``, changes to ``conf/calibrate_refine.yaml``'s fit.
 
     Raises:
         ValueError: the message names the key, its value and the range.
@@ -374,6 +374,12 @@ def walls_config(cfg: DictConfig) -> dict:
     if any(w_cfg.get(k) is not None for k in ("height", "thickness")):
         for key in ("height", "thickness"):
             config_number(w_cfg, key, float, lo=0.0, hi=0.1, lo_open=True, prefix="walls.")
+    from perception.core.refine import RefineError, RefineSettings  # lazy: cv2 (only where walls are checked)
+
+    try:
+        RefineSettings.defaults(**(w_cfg.get("fit") or {}))
+    except (RefineError, TypeError) as exc:
+        raise ValueError(f"walls.fit: {exc}") from exc
     return w_cfg
 
 
@@ -394,7 +400,7 @@ def _walls(run: _Run, served: str, policy_hash: str, real_dir: Path,
     given = [w_cfg.get("height"), w_cfg.get("thickness")]
     from perception.core.refine import RefineSettings, measure_walls  # lazy: only where walls are written
 
-    st = RefineSettings.defaults()
+    st = RefineSettings.defaults(**(w_cfg.get("fit") or {}))
     report = (json.loads(run.calib_path.read_text()).get("calibration_report") or {}).get("refine") or {}
     from_report = None
     # A fit that found walls (its edges at least min_contrast over the image's), standing inside the workspace.

@@ -167,6 +167,52 @@ def test_rule_first_answers_the_rules_grasp_and_otherwise_the_policys(calib):
         DecodeOptions(0.3, rule_first=1.5)
 
 
+def test_answer_on_parts_never_answers_null_for_want_of_quality_while_a_part_shows(calib):
+    """``answer_on_parts``: the policy's quality under the threshold everywhere (a look it was
+    not trained on), a bar in the predicted surface: a grasp on the bar with its low quality,
+    where the plain decode says "no grasp"; an empty surface stays "the bin looks empty"."""
+    view = table_view(calib, (96, 96))
+    x, y, yaw = 0.5, 0.02, 0.4
+    q = np.full((A, 96, 96), 0.05, np.float32)
+    w = np.full((96, 96), 0.02, np.float32)
+    h = np.full((96, 96), 0.02, np.float32)
+    bar = _bar_in_view(calib, view, x, y, yaw)
+    plain = DecodeOptions(0.3, on_part_px=1, fingers_clear=0.25)
+    assert decode_grasp(q, w, h, calib, view, plain, surface=bar).grasp is None
+    dec = decode_grasp(q, w, h, calib, view, plain.replace(answer_on_parts=True), surface=bar)
+    g = dec.grasp
+    assert g is not None and g.quality == pytest.approx(0.05) and math.hypot(g.position[0] - x, g.position[1] - y) < 0.06
+    empty = decode_grasp(q, w, h, calib, view, plain.replace(answer_on_parts=True), surface=np.zeros_like(bar))
+    assert empty.grasp is None and empty.empty and "looks empty" in empty.reason
+    with pytest.raises(ValueError, match="answer_on_parts' and 'decode.on_part_px|answer_on_parts and decode.on_part_px"):
+        DecodeOptions(0.3, answer_on_parts=True)
+    assert DecodeOptions(0.3, on_part_px=1, answer_on_parts=None).answer_on_parts is False  # null: off
+    assert "answer_on_parts" not in plain.to_dict() and plain.replace(answer_on_parts=True).to_dict()["answer_on_parts"]
+
+
+def test_walls_stood_in_the_surface_are_never_taken_for_parts(calib):
+    """Walls 20 mm thick stood inside the workspace edges (``geometry.walls``) reach past the
+    rule's 1 cm part region: with ``walls_inset`` an empty bin still looks empty (the bug the
+    cells' empty bins showed with 12 mm walls: 4 of 43 answered null), and a part inside is
+    still found."""
+    from perception.core.geometry import camera_heights_to_surface, make_view
+
+    view = table_view(calib, (96, 96))
+    cam = make_view(calib, (80, 60), "camera")
+    surface, _ = camera_heights_to_surface(np.zeros((60, 80)), np.zeros((60, 80), bool), calib, cam, view, 0.01,
+                                           0.0072, walls=(0.058, 0.02))
+    q = np.full((A, 96, 96), 0.9, np.float32)
+    w, h = np.full((96, 96), 0.02, np.float32), np.full((96, 96), 0.02, np.float32)
+    opts = DecodeOptions(0.3, on_part_px=1, jaws_on_part=1.0, answer_on_parts=True)
+    sliver = decode_grasp(q, w, h, calib, view, opts, surface=surface)
+    assert sliver.grasp is not None  # without the inset the walls' inner 10 mm are a "part"
+    empty = decode_grasp(q, w, h, calib, view, opts, surface=surface, walls_inset=0.02)
+    assert empty.grasp is None and empty.empty
+    bar = np.maximum(surface, _bar_in_view(calib, view, 0.5, 0.02, 0.4))
+    g = decode_grasp(q, w, h, calib, view, opts, surface=bar, walls_inset=0.02).grasp
+    assert g is not None and math.hypot(g.position[0] - 0.5, g.position[1] - 0.02) < 0.06
+
+
 def test_decode_rule_refuses_what_it_cannot_use(calib):
     q = np.full((A, 32, 32), 0.5, np.float32)
     m = np.zeros((32, 32), np.float32)

@@ -387,7 +387,8 @@ def test_walls_given_by_half_or_out_of_range_are_refused_before_any_stage():
 
     for walls, match in (({"height": 0.05, "thickness": None}, "walls.thickness"),
                          ({"height": 0.5, "thickness": 0.01}, "walls.height"),
-                         ({"height": 0.05, "thickness": 0.0}, "walls.thickness")):
+                         ({"height": 0.05, "thickness": 0.0}, "walls.thickness"),
+                         ({"fit": {"hypothesis": 1}}, "walls.fit: .*hypothesis")):
         with pytest.raises(ValueError, match=match):
             walls_config(OmegaConf.create({"walls": {"enabled": True, **walls}}))
     assert walls_config(OmegaConf.create({"walls": {"enabled": True, "height": 0.05, "thickness": 0.01}}))["height"] == 0.05
