@@ -3,6 +3,8 @@ camera-view targets and the top-down rebuild the deployed decode makes from pred
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -114,7 +116,7 @@ def test_geometry_frames_augment_and_the_loss_learns_a_known_target(rendered):
     assert last["height_loss"] < 0.5 * first["height_loss"] and last["object_loss"] < first["object_loss"]
 
 
-@pytest.mark.slow  # about 15 s: the fast tier must stay under 10 minutes
+@pytest.mark.slow  # about 30 s: the fast tier must stay under 10 minutes
 def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floors(calib, tmp_path):
     """An artifact of the shipped base and geometry network, with the on-part gate, on 20 seeded
     empty-bin twin frames whose table, bin and floor all carry the natural-statistics textures.
@@ -122,9 +124,13 @@ def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floo
     The issue's goal is 18 of 20 null answers; geometry_base_v1 answered 16 (measured, 2026-12-01:
     on the other 4 it saw parts of 54-180 top-down cells in stroke and cell textures, with
     heights above the 8 mm part threshold, see docs/policy.md), the shipped geometry_base_v2
-    answers 17 (2026-12-03). This guards the 17; the goal stays open."""
+    answers 17 (2026-12-03) with the quality threshold's null behind the gate. Since
+    ``decode.answer_on_parts`` (on: a frame showing a part is never answered null for want of
+    quality, which took validation cell 4 from 6.7% to 23.6%) the gate alone decides, and it
+    answers 16 (docs/decode.md: the measured trade). This guards both; the goal stays open."""
     from omegaconf import OmegaConf
 
+    from perception.core.artifact import write_metadata
     from policies.eval_adapters import OnnxPolicy
     from policies.evaluate import evaluate_empty_bin, load_profile
     from policies.export import export_artifact
@@ -143,6 +149,11 @@ def test_the_shipped_networks_answer_null_on_empty_bins_with_high_frequency_floo
     art = export_artifact(module, view, calib, pcfg, tmp_path / "artifact", geometry=geometry_export(pcfg))
     textured = load_profile("randomized", ["render.surface_textures.table.prob=1.0", "render.surface_textures.bin.prob=1.0",
                                            "render.surface_textures.floor.prob=1.0"])
+    res = evaluate_empty_bin(OnnxPolicy(art), textured, calib, n_frames=20, seed=0, render_scale=0.5)
+    assert res["null"] >= 16, res
+    meta = json.loads((art / "metadata.json").read_text())
+    meta["decode"].pop("answer_on_parts")  # absent: the threshold's null too, as before
+    write_metadata(art, meta)
     res = evaluate_empty_bin(OnnxPolicy(art), textured, calib, n_frames=20, seed=0, render_scale=0.5)
     assert res["null"] >= 17, res
 
