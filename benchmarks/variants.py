@@ -105,28 +105,23 @@ def evaluate(artifact: Path, calibration: Path, cell: Path, python: str, cell_se
         server.wait(timeout=60)
 
 
-def episodes_of(folder: Path, seeds: list[int]) -> dict:
-    """``(seed, episode) -> [successes, attempts, no_grasp]`` of a finished (variant, cell); an
-    attempt answered "no grasp" counts as a failed attempt, as the cell's ``success_rate`` does."""
+def read_results(folder: Path, seeds: list[int]) -> tuple[dict, list[int]]:
+    """A finished (variant, cell): ``(seed, episode) -> [successes, attempts, no_grasp]`` (an
+    attempt answered "no grasp" counts as a failed attempt, as the cell's ``success_rate``
+    does), and ``[answered null, asked]`` of the empty bins the cell sent after each cleared
+    episode."""
     eps: dict = {}
+    empty = [0, 0]
     for s in seeds:
-        for a in json.loads((folder / f"seed{s}.json").read_text())["attempts"]:
+        result = json.loads((folder / f"seed{s}.json").read_text())
+        for a in result["attempts"]:
             e = eps.setdefault((s, a["episode"]), [0, 0, 0])
             e[1] += 1
             e[2] += a.get("grasp") is None
             e[0] += a.get("grasp") is not None and a["outcome"] == "success"
-    return eps
-
-
-def empty_bins(folders: list[Path], seeds: list[int]) -> list[int]:
-    """``[answered null, asked]`` of the empty bins the cell sent after each cleared episode."""
-    out = [0, 0]
-    for folder in folders:
-        for s in seeds:
-            summary = json.loads((folder / f"seed{s}.json").read_text())["summary"]
-            out[0] += int(summary.get("empty_bin_null", 0))
-            out[1] += int(summary.get("empty_bin_queries", 0))
-    return out
+        empty[0] += int(result["summary"].get("empty_bin_null", 0))
+        empty[1] += int(result["summary"].get("empty_bin_queries", 0))
+    return eps, empty
 
 
 def figures(eps: dict, base: dict | None, rng: np.random.Generator, draws: int = 4000) -> dict:
@@ -183,16 +178,17 @@ def main(argv: list[str] | None = None) -> int:
             evaluate(art, d / "calibration.json", args.cell, args.python, k, args.seeds, args.episodes, folder)
     rng = np.random.default_rng(0)
     result: dict = {"variants": {}}
-    base = {k: {(k, *q): e for q, e in episodes_of(args.work / "base" / f"cell{k}", args.seeds).items()} for k in runs}
+    read = {(name, k): read_results(args.work / name / f"cell{k}", args.seeds) for name in variants for k in runs}
+    # Episodes keyed (cell, seed, episode), so that the cells pool.
+    episodes = {key: {(key[1], *q): e for q, e in eps.items()} for key, (eps, _) in read.items()}
     for name in variants:
-        mine = {k: {(k, *q): e for q, e in episodes_of(args.work / name / f"cell{k}", args.seeds).items()} for k in runs}
-        ref = None if name == "base" else base
-        cells = {k: figures(mine[k], None if ref is None else ref[k], rng) for k in runs}
-        pooled = figures({q: e for k in runs for q, e in mine[k].items()},
+        ref = None if name == "base" else {k: episodes["base", k] for k in runs}
+        cells = {k: figures(episodes[name, k], None if ref is None else ref[k], rng) for k in runs}
+        pooled = figures({q: e for k in runs for q, e in episodes[name, k].items()},
                          None if ref is None else {q: e for k in runs for q, e in ref[k].items()}, rng)
         for k in runs:
-            cells[k]["empty_bin_null"] = empty_bins([args.work / name / f"cell{k}"], args.seeds)
-        pooled["empty_bin_null"] = empty_bins([args.work / name / f"cell{k}" for k in runs], args.seeds)
+            cells[k]["empty_bin_null"] = read[name, k][1]
+        pooled["empty_bin_null"] = [sum(read[name, k][1][i] for k in runs) for i in (0, 1)]
         result["variants"][name] = {"cells": cells, "pooled": pooled}
         d = "" if ref is None else f", {100 * pooled['minus_base']:+.1f} [{100 * pooled['interval'][0]:+.1f}, " \
                                    f"{100 * pooled['interval'][1]:+.1f}] points"

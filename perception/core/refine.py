@@ -49,7 +49,7 @@ from perception.core.frames import rotation_angle
 
 __all__ = [
     "RefineError", "RefineSettings", "AcceptSettings", "RefineResult", "decide", "edge_evidence", "wall_lines", "refine_pose", "pose_change",
-    "undistorted_median", "draw_fit", "bin_inside", "PLACEMENTS",
+    "undistorted_median", "draw_fit", "bin_inside", "PLACEMENTS", "frame_picks", "measure_walls",
 ]
 
 
@@ -947,6 +947,12 @@ def draw_fit(image: np.ndarray, calib: Calibration, before: np.ndarray, result: 
 
 
 # ------------------------------------------------------------------ the walls alone
+def frame_picks(n_frames: int, max_frames: int) -> np.ndarray:
+    """Indices of at most ``max_frames`` of ``n_frames`` frames, evenly spaced over them
+    (consecutive frames of one scene add little): the frames the fit sees."""
+    return np.unique(np.linspace(0, n_frames - 1, min(n_frames, max_frames)).round().astype(int))
+
+
 def measure_walls(frames: list[np.ndarray], calib: Calibration,
                   settings: RefineSettings | None = None) -> tuple[float, float] | None:
     """The bin's walls, ``(height, thickness)`` in metres, as :func:`refine_pose` fits them

@@ -45,6 +45,7 @@ from perception.core.refine import (
     RefineSettings,
     bin_inside,
     draw_fit,
+    frame_picks,
     refine_pose,
     undistorted_median,
     workspace_shift_mm,
@@ -593,8 +594,7 @@ def _run_refine(cfg) -> dict:
     except RefineError as exc:
         raise CalibrationFitError(str(exc)) from exc
     files = _image_files(Path(cfg.real_dir), "real_dir")
-    # Evenly spaced over the folder: consecutive frames of one scene add little.
-    picks = np.unique(np.linspace(0, len(files) - 1, min(len(files), settings.max_frames)).round().astype(int))
+    picks = frame_picks(len(files), settings.max_frames)
     frames = []
     for i in picks:
         rgb = read_image(files[i])

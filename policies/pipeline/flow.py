@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from adaptation.images import RealFrames, RealFramesError, list_real_frames, load_real_frames
@@ -398,7 +397,11 @@ def _walls(run: _Run, served: str, policy_hash: str, real_dir: Path,
     if not w_cfg.get("enabled") or meta.get("geometry") is None:
         return served, None, policy_hash
     given = [w_cfg.get("height"), w_cfg.get("thickness")]
-    from perception.core.refine import RefineSettings, measure_walls  # lazy: only where walls are written
+    from perception.core.refine import (  # lazy: only where walls are written
+        RefineSettings,
+        frame_picks,
+        measure_walls,
+    )
 
     st = RefineSettings.defaults(**(w_cfg.get("fit") or {}))
     report = (json.loads(run.calib_path.read_text()).get("calibration_report") or {}).get("refine") or {}
@@ -426,8 +429,7 @@ def _walls(run: _Run, served: str, policy_hash: str, real_dir: Path,
             walls, source = from_report, f"the calibration's refine report ({run.calib_path})"
         else:
             frames = RealFrames(real_dir, run.calib)
-            # Evenly spaced over the folder, as sim2real-calibrate refine picks them.
-            picks = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), st.max_frames)).round().astype(int))
+            picks = frame_picks(len(frames), st.max_frames)  # as sim2real-calibrate refine picks them
             log.info("fitting the bin's walls on %d real frames (perception/core/refine.py)", len(picks))
             fitted = measure_walls([frames[int(i)] for i in picks], run.calib, st)
             walls, source = (None if fitted is None else list(fitted)), f"fitted on {len(picks)} frames of {real_dir}"
