@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,7 +58,7 @@ from torch.utils.data import Dataset
 
 from adaptation.images import RealFrames, RealFramesError
 from adaptation.translate import Translator
-from perception.core.artifact import ArtifactError, PolicyRunner
+from perception.core.artifact import ArtifactError, PolicyRunner, write_metadata
 from perception.core.atomic import replace_tree
 from perception.core.calibration import Calibration, CalibrationError
 from perception.core.cli import config_number, run_hydra_command
@@ -479,6 +480,7 @@ def finetune(cfg: DictConfig) -> dict:
     # nothing serves it yet); artifact/ is written once, whole, after the decision.
     candidate = replace_tree(summary["artifact"], out / "candidate")
     int8 = _int8_like_the_run(run, candidate, calib)
+    _cell_entries_like_the_run(run, candidate)
     check_frames = [_read_frame(a) for a in check_att]  # read once for both artifacts
     check_labels = [stop_label(a["grasp"], a["outcome"], calib.table_z, float(g.part_between_m), float(g.closed_m))
                     for a in check_att]
@@ -541,6 +543,24 @@ def finetune_run_geometry(run: dict, p_cfg: dict, attempts: Sequence[dict], cali
     log.info("finetune: the geometry network on %d measured attempts beside %d sim frames", len(stops), len(sim))
     return {"finetuned": True, "from": str(p_cfg["geometry"]),
             **finetune_geometry(base, stops, sim, out, OmegaConf.to_container(g, resolve=True), seed)}
+
+
+def _cell_entries_like_the_run(run: dict, artifact: Path) -> None:
+    """What the pipeline measured of the cell after training goes into the candidate as the run's
+    artifact has it: the bin's walls (``geometry.walls``) and the camera's empty bin
+    (``background`` and its image). Fine-tuning changes the networks, not the cell."""
+    src = Path(run["artifact"])
+    run_meta = json.loads((src / "metadata.json").read_text())
+    meta = json.loads((artifact / "metadata.json").read_text())
+    walls = (run_meta.get("geometry") or {}).get("walls")
+    if walls is not None and meta.get("geometry") is not None:
+        meta["geometry"]["walls"] = walls
+    background = run_meta.get("background")
+    if background is not None:
+        shutil.copyfile(src / background["image"], artifact / background["image"])
+        meta["background"] = background
+    if walls is not None or background is not None:
+        write_metadata(artifact, meta)
 
 
 def _int8_like_the_run(run: dict, artifact: Path, calib: Calibration) -> dict | None:

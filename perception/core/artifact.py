@@ -58,6 +58,7 @@ the grasp rule then runs on geometry seen where a part's edges are the image's e
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -69,8 +70,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
+from perception.core.background import BackgroundError, BackgroundModel
 from perception.core.calibration import Calibration, CalibrationError
 from perception.core.decode import DecodedGrasp, DecodeOptions, DecodeOptionsError, decode_grasp
 from perception.core.frames import rotation_angle
@@ -247,6 +250,8 @@ class ArtifactMetadata:
         raw: the whole JSON document.
         geometry: the geometry graph (:class:`GeometryMetadata`), or ``None``.
         int8_onnx_path: the policy's int8 graph (``int8``), or ``None``.
+        background: the fixed camera's empty bin in the policy's view (``background``,
+            optional; :mod:`perception.core.background`), or ``None``.
     """
 
     path: Path
@@ -264,6 +269,7 @@ class ArtifactMetadata:
     raw: dict = field(default_factory=dict)
     geometry: GeometryMetadata | None = None
     int8_onnx_path: Path | None = None
+    background: BackgroundModel | None = None
 
     @property
     def code_version(self) -> str | None:
@@ -537,7 +543,39 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         raw=raw,
         geometry=geometry,
         int8_onnx_path=_int8_path(root, raw.get("int8"), "int8"),
+        background=_background(root, raw.get("background"), view),
     )
+
+
+def _background(root: Path, entry: Any, view: NetworkView) -> BackgroundModel | None:
+    """``background``: absent or null, or ``{"image": "*.png", "image_sha256": hex, "threshold":
+    t, "min_part_px": n[, "gate": g], ...}`` (other keys, such as what it was made from, are
+    kept and not read); the image is the policy's view size."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ArtifactError("field 'background' must be an object {image, image_sha256, threshold, min_part_px} "
+                            "(or absent)")
+    name = _req(entry, "image", "background")
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".png"):
+        raise ArtifactError(f"field 'background.image' must be a plain *.png file name inside the artifact, got {name!r}")
+    path = root / name
+    if not path.is_file():
+        raise ArtifactError(f"background image {path} not found")
+    if entry.get("image_sha256") is None:  # written together with the image: no entries without it
+        raise ArtifactError("field 'background.image_sha256' is missing")
+    _check_sha256(path, entry["image_sha256"], "background.image_sha256")
+    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    W, H = view.size
+    if bgr is None or bgr.shape != (H, W, 3):
+        raise ArtifactError(f"background image {path} is {None if bgr is None else bgr.shape}, not the policy "
+                            f"view's ({H}, {W}, 3)")
+    try:
+        return BackgroundModel(image=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), threshold=float(_req(entry, "threshold", "background")),
+                               min_part_px=int(_req(entry, "min_part_px", "background")),
+                               gate=entry.get("gate") or "below_threshold")
+    except (TypeError, ValueError, BackgroundError) as exc:
+        raise ArtifactError(f"field 'background': {exc}") from exc
 
 
 def calibration_drift(trained: Calibration, serving: Calibration) -> list[str]:
@@ -794,8 +832,11 @@ class PolicyRunner:
                 them (the online residual needs the maps first).
             keep_view: keep the network's input image in the returned maps.
         """
-        maps = self.infer(raw_rgb, keep_view=keep_view, calibration=calibration)
-        return maps, self._decode(maps, self.calib if calibration is None else calibration, options, avoid, rerank)
+        # The background test (the artifact's ``background``) reads the frame in the policy's view.
+        need_view = keep_view or self.meta.background is not None
+        maps = self.infer(raw_rgb, keep_view=need_view, calibration=calibration)
+        decoded = self._decode(maps, self.calib if calibration is None else calibration, options, avoid, rerank)
+        return (maps if keep_view else dataclasses.replace(maps, view_rgb=None)), decoded
 
     def decide_view(self, view_rgb: np.ndarray, options: DecodeOptions | None = None) -> tuple[PolicyMaps, DecodedGrasp]:
         """:meth:`decide` on an already preprocessed view image (a translated one, in the
@@ -810,7 +851,8 @@ class PolicyRunner:
         return decode_grasp(maps.quality, maps.width, maps.height, calib, self.view,
                             self.meta.decode_options if options is None else options, surface=maps.surface,
                             avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank,
-                            walls_inset=0.0 if walls is None else walls[1])
+                            walls_inset=0.0 if walls is None else walls[1], view_rgb=maps.view_rgb,
+                            background=self.meta.background)
 
     def geometry_maps(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The geometry graph on one raw frame: ``height`` and ``part`` probability ``(H, W)`` in its camera view."""

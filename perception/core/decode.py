@@ -30,6 +30,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from perception.core.background import BackgroundModel
 from perception.core.calibration import Calibration, project_points
 from perception.core.frames import GRIPPER_MAX_WIDTH, MAX_TIP_HEIGHT, MIN_TIP_CLEARANCE
 from perception.core.geometry import NetworkView, view_pixels_to_base
@@ -50,7 +51,7 @@ from perception.core.rule import (
     support_score,
 )
 
-__all__ = ["DecodeOptions", "DecodeOptionsError", "DecodedGrasp", "decode_grasp", "grasp_in_workspace"]
+__all__ = ["DecodeOptions", "DecodeOptionsError", "DecodedGrasp", "decode_grasp", "grasp_in_workspace", "parts_region"]
 
 #: What a grasp whose finger would land on something loses in the choice (``fingers_clear``):
 #: more than any score's range, so every clear grasp comes first.
@@ -75,8 +76,8 @@ class DecodedGrasp:
         reason: why ``grasp`` is ``None`` (``None`` when a grasp is returned).
         angle_bin: the chosen image-plane angle bin.
         view_angle: its angle in the view image (radians, from ``+u`` towards ``+v``).
-        empty: ``grasp`` is ``None`` because the bin looks empty (``on_part_px``), not for
-            want of quality.
+        empty: ``grasp`` is ``None`` because the bin looks empty (``on_part_px``, or the
+            ``background`` test of ``answer_on_parts``), not for want of quality.
     """
 
     grasp: Grasp | None
@@ -85,7 +86,7 @@ class DecodedGrasp:
     reason: str | None
     angle_bin: int | None = None
     view_angle: float | None = None
-    empty: bool = False  # no grasp because the predicted surface shows no part (``on_part_px``)
+    empty: bool = False  # no grasp because the bin looks empty (``on_part_px``, the background)
 
     def to_dict(self) -> dict:
         """The service's answer fields: ``grasp``, ``pixel`` and ``reason``."""
@@ -279,6 +280,8 @@ def decode_grasp(
     avoid: Sequence[Grasp] = (),
     rerank: np.ndarray | None = None,
     walls_inset: float = 0.0,
+    view_rgb: np.ndarray | None = None,
+    background: BackgroundModel | None = None,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -303,6 +306,13 @@ def decode_grasp(
         walls_inset: metres the bin's walls reach inside the workspace edges (the artifact's
             ``geometry.walls`` thickness, which the rebuilt surface stands there): parts are
             looked for that much further in, so a wall is never taken for a part.
+        view_rgb, background: the frame in the policy's view (``(H, W, 3)`` uint8) and the
+            fixed camera's empty bin (:class:`perception.core.background.BackgroundModel`, the
+            artifact's ``background``): with ``answer_on_parts``, a frame on which no part-sized
+            patch inside the walls changed against the background gets no answer below the
+            threshold (the bin looks empty; the predicted part is the network's, not the bin's),
+            and with the background's ``gate="always"`` no answer at all. Either ``None``: no
+            such test.
 
     The fields of ``options``:
         threshold: minimum quality; below it no grasp is returned.
@@ -343,8 +353,9 @@ def decode_grasp(
             never answered "no grasp" for want of quality: when no grasp reaches ``threshold``
             (or every one that does is ``avoid``-ed), the decode answers as with the threshold
             at 0 (the checks still rank; the answered quality says how sure). Only "the bin
-            looks empty" stays a null: a null with parts in the bin is a failed attempt that
-            tells the robot nothing.
+            looks empty" stays a null (the predicted surface shows no part, or with
+            ``background``, the frame shows nothing new in the bin): a null with parts in the
+            bin is a failed attempt that tells the robot nothing.
         rule_first: ``None``: off. Otherwise a score in ``[0, 1]``: the grasp ``rule`` (with
             :data:`perception.core.rule.DEFAULT_RULE`) would answer on the predicted ``surface``
             at this threshold, with its fingertip height and opening, is answered first; when
@@ -375,9 +386,20 @@ def decode_grasp(
     o = options
     kw = {"surface": surface, "avoid": avoid, "rerank": rerank, "walls_inset": walls_inset}
     if o.answer_on_parts:
+        unchanged = ""
+        if background is not None and view_rgb is not None:
+            changed = background.changed_px(view_rgb, parts_region(calib, view, walls_inset))
+            if changed < background.min_part_px:
+                unchanged = (f"against the camera's empty bin no patch of {background.min_part_px} view cells changed "
+                             f"inside the walls (largest {changed})")
+                if background.gate == "always":
+                    return _none(f"the bin looks empty: {unchanged}", empty=True)
         first = decode_grasp(quality, width, height, calib, view, replace(o, answer_on_parts=False), **kw)
         if first.grasp is not None or first.empty:
             return first
+        if unchanged:
+            return _none(f"the bin looks empty: no grasp reaches the quality threshold {o.threshold:.2f}, and "
+                         f"{unchanged}", empty=True)
         return decode_grasp(quality, width, height, calib, view, replace(o, answer_on_parts=False, threshold=0.0), **kw)
     if o.rule_first is not None:
         # The rule on the predicted surface answers first where it finds a grasp (on few frames:
@@ -627,6 +649,13 @@ def _avoided(
     return blocked.reshape(n_bins, H, W) if blocked.any() else None
 
 
+def parts_region(calib: Calibration, view: NetworkView, walls_inset: float = 0.0) -> np.ndarray:
+    """``(H, W)`` bool: the view cells where parts are looked for (``on_part_px``, the
+    background test): inside the workspace, the rule's ``region_margin`` plus ``walls_inset``
+    metres clear of its edges."""
+    return _part_region(calib, view, float(DEFAULT_RULE["region_margin"]) + float(walls_inset))
+
+
 def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.ndarray:
     """``(H, W)`` bool: view cells inside the workspace, ``margin`` metres clear of its edge
     (where the bin walls stand): where parts are looked for."""
@@ -667,7 +696,7 @@ def _parts(surface: np.ndarray | None, calib: Calibration, view: NetworkView, op
     """``(H, W)`` bool: the parts of the predicted surface, inside the workspace clear of the
     walls (the rule's ``object_cells`` with its defaults; ``walls_inset``: see :func:`decode_grasp`)."""
     s = _surface_map(surface, view, option)
-    region = _part_region(calib, view, float(DEFAULT_RULE["region_margin"]) + float(walls_inset))
+    region = parts_region(calib, view, walls_inset)
     return object_cells(s, region, float(DEFAULT_RULE["object_height"]), int(DEFAULT_RULE["min_object_px"]))
 
 

@@ -25,16 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from adaptation.images import RealFrames, RealFramesError, list_real_frames, load_real_frames
 from conf import to_plain
-from perception.core.artifact import write_metadata
+from perception.core.artifact import file_sha256, write_metadata
 from perception.core.atomic import replace_tree
+from perception.core.background import GATES, MIN_FRAMES, BackgroundError, fit_background
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
 from perception.core.cli import config_number, run_hydra_command
+from perception.core.decode import parts_region
 from perception.core.geometry import NetworkView
 from perception.core.jsonio import write_json
+from perception.core.preprocess import preprocess
 from policies.eval_adapters import OnnxPolicy
 from policies.evaluate import evaluate_domains
 from policies.int8 import Int8Error, add_int8_graphs
@@ -155,6 +160,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
 
     check_policy_config(cfg.policy)  # before any stage runs: a bad option costs no rendering
     walls_config(cfg)
+    background_config(cfg)
     if cfg.get("int8") is not None:
 
         config_number({"int8.max_frames": cfg.int8.get("max_frames")}, "int8.max_frames", int, lo=1)
@@ -176,6 +182,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         translator_path, translator = tuned_path, _translator(tuned_path)
     served, int8_res, policy_hash = _int8(run, policy_res, policy_hash, real_dir, real_hash)
     served, walls_res, policy_hash = _walls(run, served, policy_hash, real_dir, real_hash)
+    served, background_res, policy_hash = _background(run, served, policy_hash, real_dir, real_hash)
     artifact = replace_tree(served, out / "artifact")
     eval_res = _eval_stage(run, served, policy_hash)
 
@@ -202,6 +209,7 @@ def _run_pipeline(cfg: DictConfig) -> dict:
         "task_consistency": consistency_res,
         "int8": int8_res,
         "walls": walls_res,
+        "background": background_res,
         "evaluation": eval_res,
     }
     write_report(report, out, sim_dataset=sim_path, real_dir=real_dir, translator=translator, calib=run.calib)
@@ -443,6 +451,81 @@ def _walls(run: _Run, served: str, policy_hash: str, real_dir: Path,
 
     _, walls_res, w_hash = run.stages.run("walls", w_payload, make_walls)
     return walls_res["artifact"], walls_res, w_hash
+
+
+def background_config(cfg: DictConfig) -> dict:
+    """The pipeline's ``background`` block, checked: ``max_frames`` an integer >= the
+    background's :data:`perception.core.background.MIN_FRAMES`, ``threshold`` in (0, 0.5],
+    ``min_part_mm2`` square millimetres > 0, ``gate`` one of
+    :data:`perception.core.background.GATES`.
+
+    Raises:
+        ValueError: the message names the key, its value and the range.
+    """
+    b_cfg = to_plain(cfg.get("background")) or {}
+    if b_cfg.get("enabled"):
+        config_number(b_cfg, "max_frames", int, lo=MIN_FRAMES, prefix="background.")
+        config_number(b_cfg, "threshold", float, lo=0.0, hi=0.5, lo_open=True, prefix="background.")
+        config_number(b_cfg, "min_part_mm2", float, lo=0.0, lo_open=True, prefix="background.")
+        if b_cfg.get("gate") not in GATES:
+            raise ValueError(f"background.gate must be one of {', '.join(GATES)}, got {b_cfg.get('gate')!r}")
+    return b_cfg
+
+
+def _background(run: _Run, served: str, policy_hash: str, real_dir: Path,
+                real_hash: str) -> tuple[str, dict | None, str]:
+    """The fixed camera's empty bin written into the artifact (``metadata.json: background``,
+    ``background.png``): the per-pixel median of the real frames in the policy's view
+    (:func:`perception.core.background.fit_background`), so that ``decode.answer_on_parts``
+    withholds its below-threshold answer from a frame that shows nothing new in the bin.
+    Only for artifacts whose decode answers on parts (the test is that option's). Returns what
+    is served next, the stage's result and the hash the evaluation follows."""
+    b_cfg = background_config(run.cfg)
+    meta = json.loads((Path(served) / "metadata.json").read_text())
+    if not b_cfg.get("enabled") or not (meta.get("decode") or {}).get("answer_on_parts"):
+        return served, None, policy_hash
+    b_payload = {"background": b_cfg, "policy": policy_hash, "real": real_hash}
+
+    def make_background(d: Path) -> dict:
+        from perception.core.refine import (
+            frame_picks,  # lazy: the refine module (only where frames are picked)
+        )
+
+        art = replace_tree(served, d / "artifact")
+        raw = json.loads((art / "metadata.json").read_text())
+        view = NetworkView.from_dict(raw["view"])
+        walls = (raw.get("geometry") or {}).get("walls")
+        region = parts_region(run.calib, view, 0.0 if walls is None else float(walls["thickness"]))
+        frames = RealFrames(real_dir, run.calib)
+        picks = frame_picks(len(frames), int(b_cfg["max_frames"]))
+        cell_m2 = 1.0 / float(np.linalg.norm(view.K[0, :2])) ** 2
+        min_part_px = max(1, int(round(float(b_cfg["min_part_mm2"]) * 1e-6 / cell_m2)))
+        try:
+            model, info = fit_background((preprocess(frames[int(i)], run.calib, view) for i in picks), region,
+                                         float(b_cfg["threshold"]), min_part_px, str(b_cfg["gate"]))
+        except BackgroundError as exc:  # the user's too few frames deserve a warning; the stand-in's (tiny) not
+            log.log(logging.WARNING if run.cfg.real_dir else logging.INFO, "no background in the artifact: %s", exc)
+            return {"artifact": served, "background": None, "reason": str(exc)}
+        name = "background.png"
+        if not cv2.imwrite(str(art / name), cv2.cvtColor(model.image, cv2.COLOR_RGB2BGR)):
+            raise OSError(f"cannot write {art / name}")
+        raw["background"] = {"image": name, "image_sha256": file_sha256(art / name), "threshold": model.threshold,
+                             "min_part_px": model.min_part_px, "gate": model.gate, "frames": info["frames"], "noise": info["noise"],
+                             "shown": info["shown"], "source": f"median of {info['frames']} frames of {real_dir}"}
+        write_metadata(art, raw)
+        if info["shown"] < 0.9:  # the user's frames hold parts: the test should see one on nearly all
+            log.warning("the camera's empty bin sees a part on only %.0f%% of the real frames: the parts may be the "
+                        "bin's colour, and answers on them below the quality threshold will be withheld "
+                        "(background.enabled=false turns the test off)", 100 * info["shown"])
+        log.info("the camera's empty bin in the artifact: median of %d real frames; a part is %d view cells changed "
+                 "by > %.3f in chromaticity, and %.0f%% of the real frames show one", info["frames"],
+                 model.min_part_px, model.threshold, 100 * info["shown"])
+        return {"artifact": str(art), "background": raw["background"]}
+
+    _, res, b_hash = run.stages.run("background", b_payload, make_background)
+    if res["background"] is None:
+        return served, res, policy_hash
+    return res["artifact"], res, b_hash
 
 
 def _eval_stage(run: _Run, served: str, policy_hash: str) -> dict:

@@ -35,7 +35,7 @@ def tiny_run(tmp_path_factory) -> dict:
     from sim_render.api import export_real_frames, render_dataset
 
     root = tmp_path_factory.mktemp("pipeline")
-    render_dataset(root / "target", n_scenes=8, profile="target", seed=3,
+    render_dataset(root / "target", n_scenes=24, profile="target", seed=3,  # 24: a background needs 20
                    overrides=["render.grasps.n_heuristic=0", "render.grasps.n_random=0",
                               "render.resolution_scale=1.0"])
     export_real_frames(root / "target", root / "real")
@@ -70,6 +70,9 @@ def test_pipeline_writes_the_report_and_artifact(tiny_run):
     assert meta["int8"]["frames"] >= 1 and meta["geometry"]["int8"]["onnx"] == "geometry.int8.onnx"
     assert rep["int8"]["entry"]["onnx_sha256"] == meta["int8"]["onnx_sha256"]
     assert "int8" not in json.loads((Path(rep["policy"]["artifact"]) / "metadata.json").read_text())
+    # The camera's empty bin, from the 24 real frames (the decode answers on parts by default).
+    assert "background" in rep["stages"] and meta["background"]["frames"] == 24
+    assert (out / "artifact" / meta["background"]["image"]).is_file()
     from perception.core.artifact import PolicyRunner
 
     assert PolicyRunner(out / "artifact", providers=["CPUExecutionProvider"]).precision == "int8"
@@ -313,6 +316,10 @@ def test_finetune_on_a_recording_made_by_the_service_in_the_twin(tiny_run, tmp_p
     assert report["training"]["global_step"] > 0 and wall < 300
     # int8 graphs like the run's, from the run's real frames.
     assert report["int8"]["frames"] >= 1 and (ft / "candidate" / "policy.int8.onnx").is_file()
+    # What the pipeline measured of the cell stays: the walls and the camera's empty bin.
+    run_meta, cand_meta = (json.loads((d / "metadata.json").read_text()) for d in (out / "artifact", ft / "candidate"))
+    assert cand_meta["background"] == run_meta["background"] and (ft / "candidate" / "background.png").is_file()
+    assert cand_meta["geometry"].get("walls") == run_meta["geometry"].get("walls")
     proc, url = serve(ft / "candidate")
     try:
         frame = encode_image(SimCell(seed=12).render(), "png")
@@ -378,6 +385,71 @@ def test_the_walls_stage_writes_the_bins_walls_into_the_artifact(tmp_path, case)
     else:
         assert g.walls == ((0.05, 0.02) if case == "given" else (0.059, 0.0121)) and h != "policyhash"
         assert Path(out) != served and load_metadata(served).geometry.walls is None  # the policy stage's stays
+
+
+@pytest.mark.parametrize("case", ["made", "off", "no_answer_on_parts", "too_few_frames"])
+def test_the_background_stage_writes_the_cameras_empty_bin_into_the_artifact(tmp_path, case):
+    """``background``: the median of the real frames in the policy's view goes into the artifact
+    (its image hashed, the numbers from the config) when the decode answers on parts; off, for a
+    decode without ``answer_on_parts`` and with too few frames the artifact is served untouched."""
+    import cv2
+    from omegaconf import OmegaConf
+
+    from perception.core.artifact import load_metadata, write_metadata
+    from perception.core.background import MIN_FRAMES
+    from perception.core.calibration import Calibration, default_calibration_path
+    from policies.pipeline.flow import Stages, _background, _Run
+    from sim_render.api import compose_config
+
+    calib_path = default_calibration_path()
+    calib = Calibration.load(calib_path)
+    served = _geometry_artifact(tmp_path, calib)
+    meta = json.loads((served / "metadata.json").read_text())
+    meta["decode"] = {"on_part_px": 1, "answer_on_parts": case != "no_answer_on_parts"}
+    write_metadata(served, meta)
+    real = tmp_path / "real"
+    real.mkdir()
+    rng = np.random.default_rng(0)
+    W, H = calib.image_size
+    floor = rng.integers(60, 200, (H // 8, W // 8, 3)).astype(np.uint8)
+    for i in range(MIN_FRAMES - 1 if case == "too_few_frames" else MIN_FRAMES + 4):
+        frame = cv2.resize(floor, (W, H), interpolation=cv2.INTER_NEAREST) * rng.uniform(0.6, 1.0)
+        cv2.imwrite(str(real / f"{i:03d}.png"), frame.astype(np.uint8))
+    cfg = compose_config("pipeline", [f"background.enabled={case != 'off'}"])
+    run = _Run(cfg, tmp_path / "out", Path(calib_path), calib, Stages(tmp_path / "out", reuse=True), 0)
+    out, res, h = _background(run, str(served), "policyhash", real, "realhash")
+    bg = load_metadata(out).background
+    if case != "made":
+        assert bg is None and out == str(served) and h == "policyhash"
+        assert (res is None) == (case != "too_few_frames")
+        if res is not None:
+            assert f"at least {MIN_FRAMES} frames" in res["reason"]
+        return
+    b_cfg = OmegaConf.to_container(cfg.background)
+    cell_mm = 1e3 / float(np.linalg.norm(load_metadata(out).view.K[0, :2]))
+    assert bg.threshold == b_cfg["threshold"] and bg.min_part_px == round(b_cfg["min_part_mm2"] / cell_mm ** 2)
+    assert h != "policyhash" and Path(out) != served and load_metadata(served).background is None
+    entry = json.loads((Path(out) / "metadata.json").read_text())["background"]
+    assert entry["frames"] == MIN_FRAMES + 4 and 0.0 <= entry["shown"] <= 1.0
+    # The frames differ only in brightness: the floor is its own background.
+    view = load_metadata(out).view
+    from perception.core.decode import parts_region
+    from perception.core.preprocess import preprocess
+
+    frame = cv2.cvtColor(cv2.imread(str(real / "000.png")), cv2.COLOR_BGR2RGB)
+    assert bg.unchanged(preprocess(frame, calib, view), parts_region(calib, view))
+
+
+def test_background_settings_out_of_range_are_refused_before_any_stage():
+    from omegaconf import OmegaConf
+
+    from policies.pipeline.flow import background_config
+
+    for change, match in (({"max_frames": 5}, "background.max_frames"), ({"threshold": 0.0}, "background.threshold"),
+                          ({"min_part_mm2": -1}, "background.min_part_mm2"), ({"gate": "never"}, "background.gate")):
+        with pytest.raises(ValueError, match=match):
+            background_config(OmegaConf.create({"background": {"enabled": True, "max_frames": 300, "threshold": 0.04,
+                                                               "min_part_mm2": 280, "gate": "always", **change}}))
 
 
 def test_walls_given_by_half_or_out_of_range_are_refused_before_any_stage():
