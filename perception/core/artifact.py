@@ -571,7 +571,8 @@ def _background(root: Path, entry: Any, view: NetworkView) -> BackgroundModel | 
         raise ArtifactError(f"background image {path} is {None if bgr is None else bgr.shape}, not the policy "
                             f"view's ({H}, {W}, 3)")
     try:
-        return BackgroundModel(image=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), threshold=float(_req(entry, "threshold", "background")),
+        return BackgroundModel(image=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB),
+                               threshold=float(_req(entry, "threshold", "background")),
                                min_part_px=int(_req(entry, "min_part_px", "background")),
                                gate=entry.get("gate") or "below_threshold")
     except (TypeError, ValueError, BackgroundError) as exc:
@@ -836,7 +837,7 @@ class PolicyRunner:
         need_view = keep_view or self.meta.background is not None
         maps = self.infer(raw_rgb, keep_view=need_view, calibration=calibration)
         decoded = self._decode(maps, self.calib if calibration is None else calibration, options, avoid, rerank)
-        return (maps if keep_view else dataclasses.replace(maps, view_rgb=None)), decoded
+        return (maps if keep_view or not need_view else dataclasses.replace(maps, view_rgb=None)), decoded
 
     def decide_view(self, view_rgb: np.ndarray, options: DecodeOptions | None = None) -> tuple[PolicyMaps, DecodedGrasp]:
         """:meth:`decide` on an already preprocessed view image (a translated one, in the

@@ -40,6 +40,7 @@ from perception.core.decode import parts_region
 from perception.core.geometry import NetworkView
 from perception.core.jsonio import write_json
 from perception.core.preprocess import preprocess
+from perception.core.refine import RefineError, RefineSettings, frame_picks, measure_walls
 from policies.eval_adapters import OnnxPolicy
 from policies.evaluate import evaluate_domains
 from policies.int8 import Int8Error, add_int8_graphs
@@ -381,8 +382,6 @@ def walls_config(cfg: DictConfig) -> dict:
     if any(w_cfg.get(k) is not None for k in ("height", "thickness")):
         for key in ("height", "thickness"):
             config_number(w_cfg, key, float, lo=0.0, hi=0.1, lo_open=True, prefix="walls.")
-    from perception.core.refine import RefineError, RefineSettings  # lazy: cv2 (only where walls are checked)
-
     try:
         RefineSettings.defaults(**(w_cfg.get("fit") or {}))
     except (RefineError, TypeError) as exc:
@@ -405,12 +404,6 @@ def _walls(run: _Run, served: str, policy_hash: str, real_dir: Path,
     if not w_cfg.get("enabled") or meta.get("geometry") is None:
         return served, None, policy_hash
     given = [w_cfg.get("height"), w_cfg.get("thickness")]
-    from perception.core.refine import (  # lazy: only where walls are written
-        RefineSettings,
-        frame_picks,
-        measure_walls,
-    )
-
     st = RefineSettings.defaults(**(w_cfg.get("fit") or {}))
     report = (json.loads(run.calib_path.read_text()).get("calibration_report") or {}).get("refine") or {}
     from_report = None
@@ -487,10 +480,6 @@ def _background(run: _Run, served: str, policy_hash: str, real_dir: Path,
     b_payload = {"background": b_cfg, "policy": policy_hash, "real": real_hash}
 
     def make_background(d: Path) -> dict:
-        from perception.core.refine import (
-            frame_picks,  # lazy: the refine module (only where frames are picked)
-        )
-
         art = replace_tree(served, d / "artifact")
         raw = json.loads((art / "metadata.json").read_text())
         view = NetworkView.from_dict(raw["view"])
@@ -510,8 +499,9 @@ def _background(run: _Run, served: str, policy_hash: str, real_dir: Path,
         if not cv2.imwrite(str(art / name), cv2.cvtColor(model.image, cv2.COLOR_RGB2BGR)):
             raise OSError(f"cannot write {art / name}")
         raw["background"] = {"image": name, "image_sha256": file_sha256(art / name), "threshold": model.threshold,
-                             "min_part_px": model.min_part_px, "gate": model.gate, "frames": info["frames"], "noise": info["noise"],
-                             "shown": info["shown"], "source": f"median of {info['frames']} frames of {real_dir}"}
+                             "min_part_px": model.min_part_px, "gate": model.gate, "frames": info["frames"],
+                             "noise": info["noise"], "shown": info["shown"],
+                             "source": f"median of {info['frames']} frames of {real_dir}"}
         write_metadata(art, raw)
         if info["shown"] < 0.9:  # the user's frames hold parts: the test should see one on nearly all
             log.warning("the camera's empty bin sees a part on only %.0f%% of the real frames: the parts may be the "
