@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from perception.core.background import changed_patch_px, fit_background
 from perception.core.calibration import Calibration, calibration_path
-from perception.core.decode import parts_region
+from perception.core.decode import area_cells, parts_region
 from perception.core.geometry import table_view
 from perception.core.preprocess import preprocess
 from perception.core.progress import progress
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p_cfg = OmegaConf.to_container(compose_config("pipeline").policy, resolve=True)
     calib = Calibration.load(calibration_path(None))
     view = table_view(calib, tuple(p_cfg["view_size"]), **{k: p_cfg["view"][k] for k in ("margin", "plane_height")})
-    cell_mm2 = (1e3 / float(np.linalg.norm(view.K[0, :2]))) ** 2
-    min_part_px = max(1, round((args.min_part_mm2 or float(b_cfg["min_part_mm2"])) / cell_mm2))
+    min_part_px = area_cells((args.min_part_mm2 or float(b_cfg["min_part_mm2"])) * 1e-6, view)
     region = parts_region(calib, view)
     out: dict = {"min_part_px": min_part_px, "looks": {}}
     for k, look in enumerate(args.looks):

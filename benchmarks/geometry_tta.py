@@ -42,6 +42,7 @@ from perception.core.geometry import view_pixels_to_base  # noqa: E402
 from perception.core.imageio import read_image, write_image  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
 from policies.geometry_data import read_geometry_shard  # noqa: E402
+from policies.networks import with_batchnorm_statistics  # noqa: E402
 
 SIM_VIEWS = 512  # sim views averaged into the amplitude spectrum
 ADAPT_BATCH = 16
@@ -173,24 +174,6 @@ def cut_paste_finetune(net: torch.nn.Module, real_images: torch.Tensor, real_vie
     return tuned.eval(), np.asarray(images[:4])
 
 
-def adabn(net: torch.nn.Module, views: torch.Tensor, alpha: float) -> torch.nn.Module:
-    """A copy of ``net`` whose BatchNorm running statistics are ``(1 - alpha) * sim + alpha * real``."""
-    real = copy.deepcopy(net)
-    norms = [m for m in real.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # a plain average over every batch
-    real.train()
-    with torch.no_grad():
-        for i in range(0, len(views), ADAPT_BATCH):
-            real(views[i:i + ADAPT_BATCH])
-    out = copy.deepcopy(net).eval()
-    for mine, theirs in zip([m for m in out.modules() if isinstance(m, torch.nn.BatchNorm2d)], norms):
-        mine.running_mean.mul_(1 - alpha).add_(alpha * theirs.running_mean)
-        mine.running_var.mul_(1 - alpha).add_(alpha * theirs.running_var)
-    return out
-
-
 def fda(rgb: np.ndarray, sim_amplitude: np.ndarray, beta: float) -> np.ndarray:
     """``rgb`` with the centre of its amplitude spectrum (half-size ``beta`` x the shorter side) from the sim views."""
     f = np.fft.fftshift(np.fft.fft2(rgb.astype(np.float32) / 255.0, axes=(0, 1)), axes=(0, 1))
@@ -276,7 +259,7 @@ def main() -> int:
                 geom.net = free_label_finetune(base, real, free_labels(views, cell.calib, geom.view(cell.calib)),
                                                int(value))
             else:
-                geom.net = adabn(base, real, value) if kind == "adabn" and value > 0 else base
+                geom.net = with_batchnorm_statistics(base, real, value, ADAPT_BATCH) if kind == "adabn" and value > 0 else base
             geom.beta = value if kind == "fda" else 0.0
             s = G.scores(G.measure_cell(geom, cell))
             key = f"{cell_dir.name} {kind}={value:g}"

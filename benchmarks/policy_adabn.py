@@ -34,26 +34,7 @@ from perception.core.calibration import Calibration  # noqa: E402
 from perception.core.preprocess import preprocess, to_network_input  # noqa: E402
 from policies.export import export_onnx  # noqa: E402
 from policies.module import GraspPolicyModule  # noqa: E402
-
-
-def adapt_batchnorm(net: torch.nn.Module, x: torch.Tensor, mix: float, batch: int = 50) -> int:
-    """Every BatchNorm2d of ``net`` gets ``mix`` times the statistics of ``x`` plus ``1 - mix``
-    times its own; returns how many layers. ``net`` is left in eval mode."""
-    bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    old = [(m.running_mean.clone(), m.running_var.clone(), m.momentum) for m in bns]
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative average over the batches
-    net.train()
-    with torch.no_grad():
-        for i in range(0, len(x), batch):
-            net(x[i:i + batch])
-    for m, (mean, var, momentum) in zip(bns, old):
-        m.running_mean.mul_(mix).add_((1 - mix) * mean)
-        m.running_var.mul_(mix).add_((1 - mix) * var)
-        m.momentum = momentum
-    net.eval()
-    return len(bns)
+from policies.networks import with_batchnorm_statistics  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         frames = RealFrames(args.real, calib)
         views = np.stack([preprocess(frames[i], calib, meta.view) for i in range(len(frames))])
         x = torch.from_numpy(to_network_input(views, meta.mean, meta.std))
-        layers = adapt_batchnorm(module.net, torch.cat([x, torch.flip(x, dims=[3])]), args.mix)
-        export_onnx(module.net, args.out / "policy.onnx", tuple(meta.view.size), bool(pcfg.get("flip_average")))
+        net = with_batchnorm_statistics(module.net, torch.cat([x, torch.flip(x, dims=[3])]), args.mix, batch=50)
+        layers = sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+        export_onnx(net, args.out / "policy.onnx", tuple(meta.view.size), bool(pcfg.get("flip_average")))
         raw["onnx_sha256"] = file_sha256(args.out / "policy.onnx")
         raw.setdefault("training", {})["adabn"] = {"frames": len(frames), "mix": args.mix, "layers": layers}
     write_metadata(args.out, raw)

@@ -25,6 +25,7 @@ the sigmoid to the quality logits for the ONNX artifact (outputs ``quality``, ``
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,8 @@ from perception.core.frames import GRIPPER_MAX_WIDTH
 from perception.core.geometry import CAMERA_CHANNELS, NetworkView, camera_channels
 
 __all__ = ["UNet", "GraspNet", "GeometryNet", "PyramidGeometryNet", "GeometryExport", "ExportWrapper", "HEIGHT_MAX",
-           "BIN_READOUTS", "BINS_BELOW_TABLE", "bin_height", "height_bin_centres", "count_parameters", "network_kwargs"]
+           "BIN_READOUTS", "BINS_BELOW_TABLE", "bin_height", "height_bin_centres", "count_parameters", "network_kwargs",
+           "with_batchnorm_statistics"]
 
 #: Upper bound of the predicted fingertip height above the table, metres (bin walls are 0.06 m,
 #: objects rest in the bin; fingertips go below the top of the part they close around).
@@ -86,6 +88,26 @@ def build_network(network: Mapping[str, Any], default: type[nn.Module], what: st
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def with_batchnorm_statistics(net: nn.Module, views: torch.Tensor, alpha: float, batch: int) -> nn.Module:
+    """A copy of ``net`` in eval mode whose BatchNorm2d running statistics are ``(1 - alpha)``
+    times its own plus ``alpha`` times those of ``views`` (AdaBN, Li et al. 2016: a plain
+    average over ``batch``-sized batches of the network's input tensors)."""
+    target = copy.deepcopy(net)
+    norms = [m for m in target.modules() if isinstance(m, nn.BatchNorm2d)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a plain average over every batch
+    target.train()
+    with torch.no_grad():
+        for i in range(0, len(views), batch):
+            target(views[i:i + batch])
+    out = copy.deepcopy(net).eval()
+    for mine, theirs in zip([m for m in out.modules() if isinstance(m, nn.BatchNorm2d)], norms):
+        mine.running_mean.mul_(1 - alpha).add_(alpha * theirs.running_mean)
+        mine.running_var.mul_(1 - alpha).add_(alpha * theirs.running_var)
+    return out
 
 
 def _conv(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.Sequential:

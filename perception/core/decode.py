@@ -51,7 +51,8 @@ from perception.core.rule import (
     support_score,
 )
 
-__all__ = ["DecodeOptions", "DecodeOptionsError", "DecodedGrasp", "decode_grasp", "grasp_in_workspace", "parts_region"]
+__all__ = ["DecodeOptions", "DecodeOptionsError", "DecodedGrasp", "decode_grasp", "grasp_in_workspace", "parts_region",
+           "area_cells"]
 
 #: What a grasp whose finger would land on something loses in the choice (``fingers_clear``):
 #: more than any score's range, so every clear grasp comes first.
@@ -665,6 +666,11 @@ def _part_region(calib: Calibration, view: NetworkView, margin: float) -> np.nda
     (x0, x1), (y0, y1) = calib.workspace_x, calib.workspace_y
     return ((xy[:, 0] >= x0 + margin) & (xy[:, 0] <= x1 - margin)
             & (xy[:, 1] >= y0 + margin) & (xy[:, 1] <= y1 - margin)).reshape(H, W)
+
+
+def area_cells(area_m2: float, view: NetworkView) -> int:
+    """Cells of the top-down ``view`` that cover ``area_m2`` square metres (at least one)."""
+    return max(1, round(float(area_m2) / _cell_m(view) ** 2))
 
 
 def _cell_m(view: NetworkView) -> float:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from adaptation.images import RealFrames, RealFramesError, list_real_frames, load_real_frames
@@ -36,7 +35,7 @@ from perception.core.atomic import replace_tree
 from perception.core.background import GATES, MIN_FRAMES, BackgroundError, fit_background
 from perception.core.calibration import Calibration, CalibrationError, calibration_path
 from perception.core.cli import config_number, run_hydra_command
-from perception.core.decode import parts_region
+from perception.core.decode import area_cells, parts_region
 from perception.core.geometry import NetworkView
 from perception.core.jsonio import write_json
 from perception.core.preprocess import preprocess
@@ -487,8 +486,7 @@ def _background(run: _Run, served: str, policy_hash: str, real_dir: Path,
         region = parts_region(run.calib, view, 0.0 if walls is None else float(walls["thickness"]))
         frames = RealFrames(real_dir, run.calib)
         picks = frame_picks(len(frames), int(b_cfg["max_frames"]))
-        cell_m2 = 1.0 / float(np.linalg.norm(view.K[0, :2])) ** 2
-        min_part_px = max(1, int(round(float(b_cfg["min_part_mm2"]) * 1e-6 / cell_m2)))
+        min_part_px = area_cells(float(b_cfg["min_part_mm2"]) * 1e-6, view)
         try:
             model, info = fit_background((preprocess(frames[int(i)], run.calib, view) for i in picks), region,
                                          float(b_cfg["threshold"]), min_part_px, str(b_cfg["gate"]))

@@ -124,3 +124,22 @@ def test_export_refuses_a_mismatch(tmp_path, calib, view, monkeypatch):
     with pytest.raises(ExportError, match="differ"):
         export_artifact(_net(), view, calib, {}, tmp_path / "artifact")
     assert not (tmp_path / "artifact").exists()
+
+
+def test_batchnorm_statistics_of_other_inputs_mix_into_a_copy():
+    """AdaBN (``with_batchnorm_statistics``): alpha 1 gives the first layer the inputs' own
+    channel statistics, alpha 0 the trained ones; the network given is left as it was."""
+    from policies.networks import with_batchnorm_statistics
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
+    views = torch.randn(40, 3, 8, 8) * 2.0 + 5.0
+    full = with_batchnorm_statistics(net, views, 1.0, batch=10)
+    assert not full.training and full is not net
+    torch.testing.assert_close(full[0].running_mean, views.mean(dim=(0, 2, 3)), atol=1e-4, rtol=0)
+    torch.testing.assert_close(full[0].running_var, views.var(dim=(0, 2, 3)), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(net[0].running_mean, torch.zeros(3))  # untouched
+    none = with_batchnorm_statistics(net, views, 0.0, batch=10)
+    torch.testing.assert_close(none[2].running_var, net[2].running_var)
+    half = with_batchnorm_statistics(net, views, 0.5, batch=10)
+    torch.testing.assert_close(half[0].running_mean, 0.5 * full[0].running_mean, atol=1e-5, rtol=0)
