@@ -10,7 +10,9 @@
 ``output_dir`` run with that calibration). ``--variant NAME=JSON``: keys of ``metadata.json``
 as dotted paths (``decode.rule_first``, ``geometry.walls``, ``quality_threshold``) and their
 new values (``null`` removes the key); every variant is the run's artifact copied with only
-those changed, checked by the loader. ``base`` (the artifact as it is) is always measured.
+those changed, checked by the loader. A key ``serve:KEY`` is a ``sim2real-serve`` setting
+instead (``serve:repeats.radius``: ``repeats.radius=VALUE`` on its command line), the artifact
+left as it is. ``base`` (the artifact as it is, served with the defaults) is always measured.
 
 Each (variant, cell) is served by ``sim2real-serve`` on loopback and driven by the cell's own
 ``evaluate.py --episodes N --seed S --cell-seed K``: every variant meets the same scenes, so
@@ -44,6 +46,7 @@ from perception.core.artifact import ArtifactError, load_metadata
 from policies.evaluate import wilson_interval as wilson
 
 BIN = Path(sys.executable).parent  # the checkout's console scripts
+SERVE = "serve:"  # a variant key with this prefix is a sim2real-serve setting, not the artifact's
 
 
 def patched(src: Path, dst: Path, changes: dict) -> Path:
@@ -73,8 +76,9 @@ def _free_port() -> int:
 
 
 def evaluate(artifact: Path, calibration: Path, cell: Path, python: str, cell_seed: int, seeds: list[int],
-             episodes: int, out: Path) -> None:
-    """Serve ``artifact`` and run the cell's evaluation for every seed not finished in ``out``."""
+             episodes: int, out: Path, serve: dict | None = None) -> None:
+    """Serve ``artifact`` (with the ``sim2real-serve`` settings ``serve``) and run the cell's
+    evaluation for every seed not finished in ``out``."""
     todo = [s for s in seeds if not (out / f"seed{s}.json").is_file()]
     if not todo:
         return
@@ -82,7 +86,9 @@ def evaluate(artifact: Path, calibration: Path, cell: Path, python: str, cell_se
     port, token = _free_port(), secrets.token_hex(16)
     with open(out / "serve.log", "ab") as log:
         server = subprocess.Popen([str(BIN / "sim2real-serve"), f"artifact={artifact}", f"calibration={calibration}",
-                                   "host=127.0.0.1", f"port={port}", f"token={token}"], stdout=log, stderr=log)
+                                   "host=127.0.0.1", f"port={port}", f"token={token}",
+                                   *(f"{k}={json.dumps(v)}" for k, v in (serve or {}).items())],
+                                  stdout=log, stderr=log)
     try:
         for _ in range(120):
             try:
@@ -170,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, changes in variants.items():
         for k, d in runs.items():
             folder = args.work / name / f"cell{k}"
+            serve = {key.removeprefix(SERVE): v for key, v in changes.items() if key.startswith(SERVE)}
+            meta = {key: v for key, v in changes.items() if not key.startswith(SERVE)}
             try:
-                art = d / "artifact" if not changes else patched(d / "artifact", folder / "artifact", changes)
+                art = d / "artifact" if not meta else patched(d / "artifact", folder / "artifact", meta)
             except ArtifactError as exc:
                 print(f"error: variant {name}: {exc}", file=sys.stderr)
                 return 2
-            evaluate(art, d / "calibration.json", args.cell, args.python, k, args.seeds, args.episodes, folder)
+            evaluate(art, d / "calibration.json", args.cell, args.python, k, args.seeds, args.episodes, folder, serve)
     rng = np.random.default_rng(0)
     result: dict = {"variants": {}}
     read = {(name, k): read_results(args.work / name / f"cell{k}", args.seeds) for name in variants for k in runs}

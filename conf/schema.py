@@ -243,6 +243,7 @@ class Decode:
     rule: Any = None  # an options mapping or null: perception/core/rule.py checks its keys
     rule_first: float | None = None
     answer_on_parts: bool = False
+    guarded_descent: bool = False
 
 
 @dataclass

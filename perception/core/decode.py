@@ -102,7 +102,7 @@ class DecodedGrasp:
 #: a policy is tuned with. The others of :class:`DecodeOptions` (the threshold, the workspace
 #: margin, the repeat memory's reach) are the server's settings, never read from that mapping.
 DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "rule_first", "on_part_px", "answer_on_parts",
-               *CHECK_OPTIONS)
+               "guarded_descent", *CHECK_OPTIONS)
 
 
 class DecodeOptionsError(ValueError):
@@ -156,6 +156,7 @@ class DecodeOptions:
     rule_first: float | None = None
     on_part_px: int | None = None
     answer_on_parts: bool = False
+    guarded_descent: bool = False
     fingers_clear: float | None = None
     jaws_on_part: float | None = None
     sweep_depth: float | None = None
@@ -186,10 +187,11 @@ class DecodeOptions:
             put("on_part_px", _number("on_part_px", self.on_part_px, int, "an integer"))
             if self.on_part_px < 0:
                 raise DecodeOptionsError("must be >= 0 (or null: off)", "on_part_px")
-        if self.answer_on_parts is None:  # null: off, as the other options
-            put("answer_on_parts", False)
-        if not isinstance(self.answer_on_parts, bool):
-            raise DecodeOptionsError(f"must be true or false, got {self.answer_on_parts!r}", "answer_on_parts")
+        for flag in ("answer_on_parts", "guarded_descent"):
+            if getattr(self, flag) is None:  # null: off, as the other options
+                put(flag, False)
+            if not isinstance(getattr(self, flag), bool):
+                raise DecodeOptionsError(f"must be true or false, got {getattr(self, flag)!r}", flag)
         if self.answer_on_parts and self.on_part_px is None:
             raise DecodeOptionsError("needs on_part_px (the parts it answers on are the predicted surface's; "
                                      "without them an empty bin would get a grasp)", "answer_on_parts", "on_part_px")
@@ -467,6 +469,11 @@ def decode_grasp(
     a = int(abin[v, u])
     opening = wmap[v, u] if rule_width is None else rule_width[a, v, u]
     # (the opening stays in the maps' float32 until it is clipped, as it always was)
+    if o.guarded_descent:
+        # The contract's hand stops on ~3 N of resistance (section 3): sent to the lowest height
+        # allowed, it comes down beside the part until a finger meets the floor or what stands
+        # under it, so the predicted height no longer decides where the jaws close.
+        z[k] = calib.table_z + MIN_TIP_CLEARANCE
     return _answer(u, v, a, A, float(z[k]), opening + o.width_margin, float(qbest[v, u]), calib, view, m)
 
 

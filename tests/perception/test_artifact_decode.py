@@ -22,8 +22,8 @@ from perception.core.artifact import (
     load_metadata,
 )
 from perception.core.calibration import Calibration, project_points
-from perception.core.decode import DecodeOptions, decode_grasp, grasp_in_workspace
-from perception.core.frames import GRIPPER_MAX_WIDTH
+from perception.core.decode import DecodeOptions, DecodeOptionsError, decode_grasp, grasp_in_workspace
+from perception.core.frames import GRIPPER_MAX_WIDTH, MIN_TIP_CLEARANCE
 from perception.core.grasp import normalize_angle
 from perception.core.testing import make_test_artifact, make_test_frame
 
@@ -252,6 +252,29 @@ def test_decode_neighbourhood_prefers_a_broad_peak_and_width_margin_opens(calib)
     assert robust.grasp.quality == pytest.approx(0.9) and robust.grasp.width == pytest.approx(0.07)
     wide = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, width_margin=0.08))
     assert wide.grasp.width == pytest.approx(GRIPPER_MAX_WIDTH)
+
+
+def test_guarded_descent_sends_the_fingertips_to_the_lowest_height_and_changes_nothing_else(calib):
+    """decode.guarded_descent: the same grasp, its z the lowest the contract allows (the hand
+    comes down until it meets resistance); off, the network's height; a non-boolean is refused."""
+    from perception.core.geometry import table_view
+
+    view = table_view(calib, (48, 48))
+    q = np.full((4, 48, 48), 0.1, np.float32)
+    q[1, 20, 30] = 0.9
+    w = np.full((48, 48), 0.05, np.float32)
+    h = np.full((48, 48), 0.045, np.float32)  # the network's fingertips 4.5 cm up
+    own = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5))
+    guarded = decode_grasp(q, w, h, calib, view, DecodeOptions(0.5, guarded_descent=True))
+    assert own.grasp.position[2] == pytest.approx(calib.table_z + 0.045, abs=1e-6)
+    assert guarded.grasp.position[2] == pytest.approx(calib.table_z + MIN_TIP_CLEARANCE)
+    np.testing.assert_allclose(guarded.grasp.position[:2], own.grasp.position[:2])
+    assert (guarded.grasp.yaw, guarded.grasp.width, guarded.view_pixel) == (own.grasp.yaw, own.grasp.width,
+                                                                          own.view_pixel)
+    assert DecodeOptions.from_dict({"guarded_descent": True}, threshold=0.5).to_dict()["guarded_descent"] is True
+    assert "guarded_descent" not in DecodeOptions(0.5).to_dict()  # off is left out of the metadata
+    with pytest.raises(DecodeOptionsError, match="decode.guarded_descent"):
+        DecodeOptions(0.5, guarded_descent="yes")
 
 
 def test_on_part_answers_null_on_an_empty_bin_and_keeps_grasps_on_parts(calib):
