@@ -106,7 +106,7 @@ def test_guard_forgets_when_the_scene_moved_near_the_grasp_and_after_memory_answ
        threshold=st.sampled_from([0.3, 0.7]), neighbourhood=st.sampled_from([0, 1]))
 def test_decode_never_answers_an_avoided_grasp(calib, seed, kind, n_avoid, threshold, neighbourhood):
     """Over random maps and random grasps to avoid (the first ones the decode's own answers,
-    so the avoidance is exercised), the answer is never within 1 cm and 15 degrees of one,
+    so the avoidance is exercised), the answer is never within the default radius and yaw of one,
     and stays inside the workspace at or above the threshold."""
     view = make_view(calib, (40, 32), kind)
     rng = np.random.default_rng(seed)
