@@ -69,6 +69,12 @@ def patched(src: Path, dst: Path, changes: dict) -> Path:
     return dst
 
 
+def split_variant(changes: dict) -> tuple[dict, dict]:
+    """A variant's ``metadata.json`` changes and its ``sim2real-serve`` settings (``serve:KEY``)."""
+    serve = {key.removeprefix(SERVE): v for key, v in changes.items() if key.startswith(SERVE)}
+    return {key: v for key, v in changes.items() if not key.startswith(SERVE)}, serve
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -176,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, changes in variants.items():
         for k, d in runs.items():
             folder = args.work / name / f"cell{k}"
-            serve = {key.removeprefix(SERVE): v for key, v in changes.items() if key.startswith(SERVE)}
-            meta = {key: v for key, v in changes.items() if not key.startswith(SERVE)}
+            meta, serve = split_variant(changes)
             try:
                 art = d / "artifact" if not meta else patched(d / "artifact", folder / "artifact", meta)
             except ArtifactError as exc:

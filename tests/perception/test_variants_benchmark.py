@@ -34,3 +34,11 @@ def test_the_difference_is_paired_by_episode():
     assert f["successes"] == 21 and f["attempts"] == 60 and f["minus_base"] == pytest.approx(0.1)
     assert f["no_grasp"] == 0
     assert 0.0 < f["interval"][0] < 0.1 < f["interval"][1]
+
+
+def test_a_serve_key_goes_to_the_service_and_leaves_the_artifact_alone():
+    meta, serve = _bench.split_variant({"serve:repeats.radius": 0.03, "decode.width_margin": 0.02,
+                                        "serve:repeats.yaw_deg": 90})
+    assert meta == {"decode.width_margin": 0.02}
+    assert serve == {"repeats.radius": 0.03, "repeats.yaw_deg": 90}
+    assert _bench.split_variant({"serve:repeats.memory": 0}) == ({}, {"repeats.memory": 0})  # the artifact as it is
