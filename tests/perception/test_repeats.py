@@ -52,7 +52,7 @@ def _bar(calib, xy, seed: int) -> np.ndarray:
 
 def test_motion_is_measured_in_metres_not_noise_or_exposure(calib):
     """New sensor noise and a global exposure shift are no motion; a part pushed by 2 mm
-    moved less than the 1 cm that makes another grasp, one pushed 3 cm or lifted moved more."""
+    moved less than 1 cm, one pushed 3 cm or lifted moved more."""
     guard = RepeatGuard(calib, {})
     g = Grasp(position=(0.5, 0.0, 0.02), yaw=0.0, width=0.05, quality=0.9)
     before = frame_fingerprint(_bar(calib, (0.5, 0.0), seed=0), 8)
