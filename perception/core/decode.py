@@ -15,7 +15,9 @@ down on a part or a wall of the predicted ``surface`` is answered only when no o
 and with ``jaws_on_part`` (``decode.jaws_on_part``) one whose jaws close on too little of a
 part (at its end, on its rim) only when no other meets enough. ``sweep_depth`` raises the
 fingertips over what the predicted surface puts under the fingers, and ``part_centre`` puts a
-grasp across a part's middle before one at its end (both measured, off by default).
+grasp across a part's middle before one at its end (both measured, off by default);
+``guarded_descent`` answers every grasp at the lowest fingertip height the contract allows
+(measured, off).
 An artifact with a geometry graph (:mod:`perception.core.artifact`) hands in, as
 ``surface``, the one rebuilt from the camera-view heights it predicts.
 """
@@ -201,6 +203,10 @@ class DecodeOptions:
                     put(key, check(getattr(self, key)))
                 except ValueError as exc:
                     raise DecodeOptionsError(str(exc), key) from exc
+        if self.guarded_descent and self.sweep_depth is not None:
+            raise DecodeOptionsError("are exclusive (sweep_depth raises the fingertips over what the fingers "
+                                     "meet; guarded_descent sends them to the lowest height)", "guarded_descent",
+                                     "sweep_depth")
         if self.rule_first is not None:
             try:
                 put("rule_first", share_option(self.rule_first))
@@ -372,7 +378,10 @@ def decode_grasp(
             centre (the pads would close on too little of the part) is chosen only when no
             grasp at or above ``threshold`` can come down clear that deep: a re-rank at
             ``fingers_clear``'s level, never a null. The answered ``z`` is the raised height.
-            Table views only; not with ``rule``.
+            Table views only; not with ``rule`` or ``guarded_descent``.
+        guarded_descent: every answer's ``z`` is ``table_z`` + :data:`MIN_TIP_CLEARANCE`, the
+            lowest the contract allows: the hand comes down until it meets resistance. The
+            grasp's centre, yaw and opening are the ones it would have answered.
         part_centre: ``None``: off. Otherwise a weight in ``[0, 1]``: every grasp loses that
             much times how far its centre lies from the centre of its part of the predicted
             surface (:func:`perception.core.rule.off_centre`: 0 at the part's centroid, 1 at its

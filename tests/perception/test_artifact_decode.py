@@ -275,6 +275,8 @@ def test_guarded_descent_sends_the_fingertips_to_the_lowest_height_and_changes_n
     assert "guarded_descent" not in DecodeOptions(0.5).to_dict()  # off is left out of the metadata
     with pytest.raises(DecodeOptionsError, match="decode.guarded_descent"):
         DecodeOptions(0.5, guarded_descent="yes")
+    with pytest.raises(DecodeOptionsError, match="exclusive"):  # sweep_depth's raised height would be dropped
+        DecodeOptions(0.5, guarded_descent=True, sweep_depth=0.01)
 
 
 def test_on_part_answers_null_on_an_empty_bin_and_keeps_grasps_on_parts(calib):
