@@ -244,6 +244,7 @@ class Decode:
     rule_first: float | None = None
     answer_on_parts: bool = False
     guarded_descent: bool = False
+    unseen_standing: bool = False
 
 
 @dataclass

@@ -522,6 +522,9 @@ def _parse_metadata(root: Path, raw: Any) -> ArtifactMetadata:
         if getattr(decode_options, key) is not None and (("surface" not in outputs and geometry is None) or not view.is_table):
             raise ArtifactError(f"field 'decode.{key}' needs a 'surface' output or a 'geometry' graph, and a "
                                 "top-down view (view.kind 'table')")
+    if decode_options.unseen_standing and geometry is None:
+        raise ArtifactError("field 'decode.unseen_standing' needs a 'geometry' graph (the cells the camera saw are "
+                            "those of its rebuilt surface)")
     try:
         calib = Calibration.from_dict(_req(raw, "calibration"), check_view=False)
         _check_calibration_sha256(raw)
@@ -638,7 +641,9 @@ class PolicyMaps:
 
     Shapes: ``quality (A, H, W)``, ``width (H, W)`` metres, ``height (H, W)`` metres,
     ``surface (H, W)`` metres (``None`` for artifacts without it). ``view_rgb`` is the
-    network's input image ``(H, W, 3)`` uint8 (for debugging).
+    network's input image ``(H, W, 3)`` uint8 (for debugging). ``seen (H, W)`` bool: with a
+    geometry graph, the cells of the rebuilt surface the camera saw
+    (:meth:`perception.core.geometry.SurfaceRebuild.top_down`); ``None`` without one.
     """
 
     quality: np.ndarray
@@ -646,6 +651,7 @@ class PolicyMaps:
     height: np.ndarray
     view_rgb: np.ndarray | None = None
     surface: np.ndarray | None = None
+    seen: np.ndarray | None = None
 
 
 def default_providers() -> list[str]:
@@ -803,11 +809,11 @@ class PolicyRunner:
         """
         if self._pool is None:
             return self.infer_view(self.preprocess(raw_rgb, calibration), keep_view=keep_view)
-        pending = self._pool.submit(self.geometry_surface, raw_rgb, calibration)
+        pending = self._pool.submit(self.geometry_top_down, raw_rgb, calibration)
         maps = self.infer_view(self.preprocess(raw_rgb, calibration), keep_view=keep_view)
-        surface, _ = pending.result()
+        surface, _, seen = pending.result()
         return PolicyMaps(quality=maps.quality, width=maps.width, height=maps.height, view_rgb=maps.view_rgb,
-                          surface=surface)
+                          surface=surface, seen=seen)
 
     def decide(
         self,
@@ -853,7 +859,7 @@ class PolicyRunner:
                             self.meta.decode_options if options is None else options, surface=maps.surface,
                             avoid=avoid, rerank=rerank(maps.quality) if callable(rerank) else rerank,
                             walls_inset=0.0 if walls is None else walls[1], view_rgb=maps.view_rgb,
-                            background=self.meta.background)
+                            background=self.meta.background, seen=maps.seen)
 
     def geometry_maps(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The geometry graph on one raw frame: ``height`` and ``part`` probability ``(H, W)`` in its camera view."""
@@ -871,6 +877,13 @@ class PolicyRunner:
     def geometry_surface(self, raw_rgb: np.ndarray, calibration: Calibration | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The top-down ``surface`` (metres above ``table_z``) and ``on_part`` maps in the policy's
         view, rebuilt from the geometry graph's heights through the serving calibration."""
+        surface, on_part, _ = self.geometry_top_down(raw_rgb, calibration)
+        return surface, on_part
+
+    def geometry_top_down(self, raw_rgb: np.ndarray, calibration: Calibration | None = None
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`geometry_surface` and the ``seen`` cells of the rebuild
+        (:meth:`perception.core.geometry.SurfaceRebuild.top_down`)."""
         g = self.meta.geometry
         height, part = self.geometry_maps(raw_rgb, calibration)
         rebuild = self._serving_rebuild
@@ -882,7 +895,7 @@ class PolicyRunner:
                     self._rebuilds.clear()
                 rebuild = self._rebuilds[key] = SurfaceRebuild(calibration, g.view, self.view, g.interior_margin,
                                                                g.floor_height, walls=g.walls)
-        return rebuild(height, part >= g.part_threshold)
+        return rebuild.top_down(height, part >= g.part_threshold)
 
     def infer_view(self, view_rgb: np.ndarray, keep_view: bool = False) -> PolicyMaps:
         """Run the policy on an already preprocessed view image ``(H, W, 3)`` uint8."""

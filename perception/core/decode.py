@@ -104,7 +104,7 @@ class DecodedGrasp:
 #: a policy is tuned with. The others of :class:`DecodeOptions` (the threshold, the workspace
 #: margin, the repeat memory's reach) are the server's settings, never read from that mapping.
 DECODE_KEYS = ("neighbourhood_px", "width_margin", "rule", "rule_first", "on_part_px", "answer_on_parts",
-               "guarded_descent", *CHECK_OPTIONS)
+               "guarded_descent", "unseen_standing", *CHECK_OPTIONS)
 
 
 class DecodeOptionsError(ValueError):
@@ -159,6 +159,7 @@ class DecodeOptions:
     on_part_px: int | None = None
     answer_on_parts: bool = False
     guarded_descent: bool = False
+    unseen_standing: bool = False
     fingers_clear: float | None = None
     jaws_on_part: float | None = None
     sweep_depth: float | None = None
@@ -189,7 +190,7 @@ class DecodeOptions:
             put("on_part_px", _number("on_part_px", self.on_part_px, int, "an integer"))
             if self.on_part_px < 0:
                 raise DecodeOptionsError("must be >= 0 (or null: off)", "on_part_px")
-        for flag in ("answer_on_parts", "guarded_descent"):
+        for flag in ("answer_on_parts", "guarded_descent", "unseen_standing"):
             if getattr(self, flag) is None:  # null: off, as the other options
                 put(flag, False)
             if not isinstance(getattr(self, flag), bool):
@@ -203,6 +204,8 @@ class DecodeOptions:
                     put(key, check(getattr(self, key)))
                 except ValueError as exc:
                     raise DecodeOptionsError(str(exc), key) from exc
+        if self.unseen_standing and self.fingers_clear is None:
+            raise DecodeOptionsError("needs fingers_clear (the check whose obstacles it adds to)", "unseen_standing")
         if self.guarded_descent and self.sweep_depth is not None:
             raise DecodeOptionsError("are exclusive (sweep_depth raises the fingertips over what the fingers "
                                      "meet; guarded_descent sends them to the lowest height)", "guarded_descent",
@@ -291,6 +294,7 @@ def decode_grasp(
     walls_inset: float = 0.0,
     view_rgb: np.ndarray | None = None,
     background: BackgroundModel | None = None,
+    seen: np.ndarray | None = None,
 ) -> DecodedGrasp:
     """Pick the best grasp inside the workspace from the policy's maps.
 
@@ -322,6 +326,9 @@ def decode_grasp(
             threshold (the bin looks empty; the predicted part is the network's, not the bin's),
             and with the background's ``gate="always"`` no answer at all. Either ``None``: no
             such test.
+        seen: ``(H, W)`` bool, the cells of ``surface`` the camera saw
+            (:meth:`perception.core.geometry.SurfaceRebuild.top_down`; ``None``: all), for
+            ``unseen_standing``; per frame.
 
     The fields of ``options``:
         threshold: minimum quality; below it no grasp is returned.
@@ -352,6 +359,11 @@ def decode_grasp(
             :func:`perception.core.rule.finger_landing`) is chosen only when no grasp at or above
             ``threshold`` lands clear: it re-ranks and never turns an answer into no grasp.
             Table views only; not with ``rule`` (whose own test covers the landing).
+        unseen_standing: with ``fingers_clear``, a cell of the surface the camera did not see
+            (``seen`` false: behind a part along the camera's line of sight, where the rebuilt
+            surface reads the floor without having seen it) counts as standing: a finger is
+            not sent down where nothing says the way is clear (a lower limb of the same part,
+            another part behind it).
         jaws_on_part: ``None``: off. Otherwise a grasp whose jaws, along the line through its
             centre across the closing direction and as deep as the fingers, meet less than
             this share of a part of the predicted ``surface`` (:func:`perception.core.rule.jaw_span`
@@ -396,7 +408,7 @@ def decode_grasp(
         Non-finite map values never produce a grasp.
     """
     o = options
-    kw = {"surface": surface, "avoid": avoid, "rerank": rerank, "walls_inset": walls_inset}
+    kw = {"surface": surface, "avoid": avoid, "rerank": rerank, "walls_inset": walls_inset, "seen": seen}
     if o.answer_on_parts:
         unchanged = ""
         if background is not None and view_rgb is not None:
@@ -440,7 +452,7 @@ def decode_grasp(
     checks = {key: getattr(o, key) for key in CHECK_OPTIONS}
     reranked = rerank is not None or any(c is not None for c in checks.values())
     score, parts, tips = _apply_checks(q, score, threshold, wmap, hmap, o.width_margin, surface, calib, view, checks,
-                                       walls_inset)
+                                       walls_inset, None if not o.unseen_standing else seen)
     abin = score.argmax(axis=0)
     if tips is not None:
         hmap = np.take_along_axis(tips, abin[None], axis=0)[0]
@@ -555,7 +567,8 @@ def _neighbourhood_worst(q: np.ndarray, r: int) -> np.ndarray:
 
 def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.ndarray, hmap: np.ndarray,
                   width_margin: float, surface: np.ndarray | None, calib: Calibration, view: NetworkView,
-                  checks: dict, walls_inset: float = 0.0) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+                  checks: dict, walls_inset: float = 0.0, seen: np.ndarray | None = None,
+                  ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The re-ranking checks on the predicted surface (``fingers_clear``, ``jaws_on_part``,
     ``sweep_depth``, ``part_centre``; see :func:`decode_grasp`; never with ``rule``:
     :class:`DecodeOptions` refuses them together).
@@ -563,10 +576,15 @@ def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.n
     Returns:
         The score, the surface's parts when a check needed them, and the fingertip heights
         raised to come down clear (``sweep_depth``; else ``None``).
+
+    ``seen``: the cells the camera saw, when ``unseen_standing`` is on (the others stand for
+    ``fingers_clear``); ``None``: off.
     """
     if all(c is None for c in checks.values()):
         return score, None, None
     A = q.shape[0]
+    if seen is not None and np.shape(seen) != q.shape[1:]:
+        raise ValueError(f"seen must be the maps' (H, W) {q.shape[1:]}, got {np.shape(seen)}")
     # A check moves a grasp below every one that passes it, and keeps it above every grasp
     # below the threshold: it re-ranks, it never admits or removes one.
     with np.errstate(invalid="ignore"):
@@ -576,7 +594,10 @@ def _apply_checks(q: np.ndarray, score: np.ndarray, threshold: float, wmap: np.n
     if fingers_clear is not None or sweep_depth is not None:  # the opening the fingers come down at
         opening = np.clip(np.nan_to_num(wmap, nan=GRIPPER_MAX_WIDTH) + width_margin, 0.0, GRIPPER_MAX_WIDTH)
     if fingers_clear is not None:
-        landing = finger_landing(_standing(surface, view, "fingers_clear"), _cell_m(view), A, opening)
+        standing = _standing(surface, view, "fingers_clear")
+        if seen is not None:  # unseen_standing
+            standing = standing | ~np.asarray(seen, dtype=bool)
+        landing = finger_landing(standing, _cell_m(view), A, opening)
         score = np.where(landing > float(fingers_clear), score - _BLOCKED_SHIFT, score)
     parts = None  # the predicted surface's parts, for jaws_on_part and on_part_px alike
     if jaws_on_part is not None:

@@ -435,6 +435,15 @@ class SurfaceRebuild:
             ``surface`` ``(H', W')`` float32 metres above ``table_z`` (0 where nothing was seen)
             and ``on_part`` ``(H', W')`` bool, in ``top_view``.
         """
+        surface, on_part, _ = self.top_down(height, part)
+        return surface, on_part
+
+    def top_down(self, height: np.ndarray, part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``surface`` and ``on_part`` as :meth:`__call__` returns them, and ``seen`` ``(H', W')``
+        bool: the cells some camera-view pixel's point fell in (or filled between such cells).
+        The others lie behind something along the camera's line of sight (a part's far side, the
+        floor in its lee, the strip inside the near wall), or outside the view: their surface
+        reads 0 without anything having been seen there."""
         W, H = self.camera_view.size
         h = np.asarray(height, dtype=np.float64)
         if h.shape != (H, W) or np.shape(part) != (H, W):
@@ -457,7 +466,7 @@ class SurfaceRebuild:
         surface = np.where(self.interior & ~on_part, np.minimum(surface, self.floor_height), surface)
         surface = np.where(self.wall, np.maximum(surface, self.wall_height), surface)
         on_part = on_part & ~self.wall
-        return surface.astype(np.float32), on_part
+        return surface.astype(np.float32), on_part, known
 
 
 def camera_heights_to_surface(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from perception.core.artifact import ArtifactError, load_metadata
-from perception.core.decode import DecodeOptions, decode_grasp
+from perception.core.decode import DecodeOptions, DecodeOptionsError, decode_grasp
 from perception.core.frames import GRIPPER_FINGER_HALF_THICKNESS, GRIPPER_MAX_WIDTH
 from perception.core.geometry import make_view, table_view, view_pixels_to_base
 from perception.core.grasp import angle_bin_centers, normalize_angle, view_grasp_to_base
@@ -301,6 +301,32 @@ def test_decode_fingers_clear_prefers_a_grasp_whose_fingers_land_free(calib):
                          surface=surface)
     assert still.grasp is not None and still.angle_bin == along_bar
     _refused_with_the_rule_or_without_a_surface(calib, view, q, w, h, surface, fingers_clear=0.25)
+
+
+def test_decode_unseen_standing_keeps_the_fingers_off_what_the_camera_did_not_see(calib):
+    """decode.unseen_standing: with only the bar and its one side seen, the across grasp's far
+    finger would come down where nothing was seen; the check then counts it as standing, and
+    with every angle blocked the best quality is answered (a re-rank, never a null). Without
+    the option, or without the seen cells, nothing changes; it needs fingers_clear."""
+    view, surface, q, along_bar, across_bar = _bar_and_two_grasps(calib)
+    w = np.full((64, 64), 0.05, np.float32)
+    h = np.full((64, 64), 0.02, np.float32)
+    _, us = np.nonzero(surface > 0)
+    seen = np.ones((64, 64), bool)
+    side = (slice(None), slice(0, us.min()))  # everything beside the bar on one side (u: across it here)
+    seen[side] = False  # as behind a part
+    clear = DecodeOptions(0.5, width_margin=0.08, fingers_clear=0.25)
+    hidden = clear.replace(unseen_standing=True)
+    assert decode_grasp(q, w, h, calib, view, clear, surface=surface, seen=seen).angle_bin == across_bar
+    assert decode_grasp(q, w, h, calib, view, hidden, surface=surface).angle_bin == across_bar
+    assert decode_grasp(q, w, h, calib, view, hidden, surface=surface, seen=seen).angle_bin == along_bar
+    seen[side] = True  # seen after all: the across grasp is clear again
+    assert decode_grasp(q, w, h, calib, view, hidden, surface=surface, seen=seen).angle_bin == across_bar
+    with pytest.raises(ValueError, match="seen must be"):
+        decode_grasp(q, w, h, calib, view, hidden, surface=surface, seen=seen[:10])
+    with pytest.raises(DecodeOptionsError, match="needs fingers_clear"):
+        DecodeOptions(0.5, unseen_standing=True)
+    assert hidden.to_dict()["unseen_standing"] is True and "unseen_standing" not in clear.to_dict()
 
 
 def test_jaw_span_is_short_at_a_bars_end_and_along_a_thin_bar():

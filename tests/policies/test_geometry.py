@@ -52,6 +52,36 @@ def test_the_rebuild_from_true_heights_is_the_rule_observed_surface(rendered):
     assert checked >= 2
 
 
+def test_the_rebuild_says_which_cells_the_camera_saw(rendered):
+    """``SurfaceRebuild.top_down``'s ``seen`` cells are those the camera's own depth sees from
+    the same frame (the ``rule_observed`` rebuild's ``known``): the cells behind a part along
+    the camera's line of sight are unseen, and read 0 there all the same."""
+    from perception.core.geometry import SurfaceRebuild
+
+    frames = SimFrameDataset(rendered, fields=("rgb", "depth", "seg"))
+    calib = frames.calibration
+    cam_view = make_view(calib, (160, 120), "camera", margin=0.03)
+    top = table_view(calib, (64, 64))
+    rebuild = SurfaceRebuild(calib, cam_view, top, 0.01, 0.9 * OBJECT_HEIGHT)
+    hidden_parts = 0
+    for i in range(len(frames)):
+        item = dict(frames[i])
+        h, w = np.asarray(item["depth"]).shape
+        camera = calib.scaled((w, h))
+        item["camera"] = camera
+        rec = geometry_record(item, calib, cam_view)
+        surface, on_part, seen = rebuild.top_down(rec["height"].astype(np.float32), rec["object"])
+        np.testing.assert_array_equal((surface, on_part), rebuild(rec["height"].astype(np.float32), rec["object"]))
+        _, label, known = table_view_surface(np.asarray(item["depth"]), np.asarray(item["seg"]), camera, top)
+        assert seen.dtype == bool and seen.shape == known.shape
+        assert np.mean(seen == known) > 0.9  # the two views sample the edges of what they see apart
+        behind = ~seen & ~known
+        assert np.all(surface[behind] == 0.0)
+        if ((label >= SEG_FIRST_OBJECT) & known).sum() >= 10:
+            hidden_parts += int(behind.sum() > 0)
+    assert hidden_parts >= 2  # every scene with a part hides some floor behind it
+
+
 def test_camera_heights_to_surface_refuses_the_wrong_views(calib):
     top = table_view(calib, (32, 32))
     cam = make_view(calib, (40, 30), "camera")
