@@ -443,7 +443,7 @@ class SurfaceRebuild:
         bool: the cells some camera-view pixel's point fell in (or filled between such cells).
         The others lie behind something along the camera's line of sight (a part's far side, the
         floor in its lee, the strip inside the near wall), or outside the view: their surface
-        reads 0 without anything having been seen there."""
+        reads 0 (or the measured walls' height) without anything having been seen there."""
         W, H = self.camera_view.size
         h = np.asarray(height, dtype=np.float64)
         if h.shape != (H, W) or np.shape(part) != (H, W):
