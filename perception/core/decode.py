@@ -16,8 +16,9 @@ and with ``jaws_on_part`` (``decode.jaws_on_part``) one whose jaws close on too 
 part (at its end, on its rim) only when no other meets enough. ``sweep_depth`` raises the
 fingertips over what the predicted surface puts under the fingers, and ``part_centre`` puts a
 grasp across a part's middle before one at its end (both measured, off by default);
-``guarded_descent`` answers every grasp at the lowest fingertip height the contract allows
-(measured, off).
+``guarded_descent`` answers every grasp at the lowest fingertip height the contract allows,
+and ``unseen_standing`` has ``fingers_clear`` keep the fingers off the cells the camera did
+not see (both measured, off).
 An artifact with a geometry graph (:mod:`perception.core.artifact`) hands in, as
 ``surface``, the one rebuilt from the camera-view heights it predicts.
 """
