@@ -13,6 +13,9 @@ new values (``null`` removes the key); every variant is the run's artifact copie
 those changed, checked by the loader. A key ``serve:KEY`` is a ``sim2real-serve`` setting
 instead (``serve:repeats.radius``: ``repeats.radius=VALUE`` on its command line), the artifact
 left as it is. ``base`` (the artifact as it is, served with the defaults) is always measured.
+``--other NAME=K:DIR`` (repeatable, one per cell of ``--run``): another run folder's artifact,
+as it is, measured on the same scenes as variant NAME (two pipelines that differ in one
+setting, paired like any variant).
 
 Each (variant, cell) is served by ``sim2real-serve`` on loopback and driven by the cell's own
 ``evaluate.py --episodes N --seed S --cell-seed K``: every variant meets the same scenes, so
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--run", action="append", required=True, help="K:DIR (DIR holds calibration.json and artifact/)")
     ap.add_argument("--variant", action="append", default=[], help='NAME={"dotted.key": value, ...}')
+    ap.add_argument("--other", action="append", default=[], help="NAME=K:DIR, another run's artifact as it is")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--episodes", type=int, default=30)
     args = ap.parse_args(argv)
@@ -172,15 +176,26 @@ def main(argv: list[str] | None = None) -> int:
             if not name or name == "base" or not isinstance(json.loads(spec), dict):
                 raise ValueError(f"--variant {v!r}: NAME={{json object}}, NAME not 'base'")
             variants[name] = json.loads(spec)
+        others: dict[str, dict[int, Path]] = {}
+        for o in args.other:
+            name, _, spec = o.partition("=")
+            k, _, d = spec.partition(":")
+            if not name or name in variants or not d:
+                raise ValueError(f"--other {o!r}: NAME=K:DIR, NAME not 'base' nor a --variant's")
+            others.setdefault(name, {})[int(k)] = Path(d)
+        for name, dirs in others.items():
+            if set(dirs) != set(runs):
+                raise ValueError(f"--other {name}: one folder for each --run cell {sorted(runs)}, got {sorted(dirs)}")
+            variants[name] = {}
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for k, d in runs.items():
+    for k, d in [*runs.items(), *((k, d) for dirs in others.values() for k, d in dirs.items())]:
         if not (d / "calibration.json").is_file() or not (d / "artifact" / "metadata.json").is_file():
-            print(f"error: --run {k}:{d} needs {d}/calibration.json and {d}/artifact/", file=sys.stderr)
+            print(f"error: --run or --other {k}:{d} needs {d}/calibration.json and {d}/artifact/", file=sys.stderr)
             return 2
     for name, changes in variants.items():
-        for k, d in runs.items():
+        for k, d in others.get(name, runs).items():
             folder = args.work / name / f"cell{k}"
             meta, serve = split_variant(changes)
             try:

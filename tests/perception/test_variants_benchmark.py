@@ -42,3 +42,17 @@ def test_a_serve_key_goes_to_the_service_and_leaves_the_artifact_alone():
     assert meta == {"decode.width_margin": 0.02}
     assert serve == {"repeats.radius": 0.03, "repeats.yaw_deg": 90}
     assert _bench.split_variant({"serve:repeats.memory": 0}) == ({}, {"repeats.memory": 0})  # the artifact as it is
+
+
+def test_another_runs_artifact_needs_one_folder_per_cell_and_a_name_of_its_own(tmp_path, artifact_dir, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "calibration.json").write_text("{}")
+    (run / "artifact").symlink_to(artifact_dir)
+    common = ["--cell", str(tmp_path / "cell"), "--work", str(tmp_path / "work"), "--run", f"0:{run}", "--run", f"1:{run}"]
+    assert _bench.main([*common, "--other", f"v2=0:{run}"]) == 2  # cell 1 has no folder: not paired
+    assert "one folder for each --run cell [0, 1]" in capsys.readouterr().err
+    assert _bench.main([*common, "--other", f"base=0:{run}", "--other", f"base=1:{run}"]) == 2
+    assert "NAME not 'base'" in capsys.readouterr().err
+    assert _bench.main([*common, "--other", f"v2=0:{run}", "--other", f"v2=1:{tmp_path / 'none'}"]) == 2
+    assert "needs" in capsys.readouterr().err and not (tmp_path / "work").exists()  # nothing served
