@@ -94,3 +94,25 @@ def test_an_option_a_group_does_not_have_is_refused_with_the_ones_it_has(name, o
     for option in config_groups(name)[group][1]:
         assert option in err
     check_override_types(name, [f"{group}={config_groups(name)[group][1][0]}"], f"sim2real-{name}")  # one it has
+
+
+def test_a_policy_key_the_budget_sets_is_refused_on_the_command_line(tmp_path):
+    """``policy.max_steps=1`` with ``budget=tiny``: the budget's 150 replaced it in the policy
+    stage without a word; now exit 2 before any stage, naming the override that works."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", "from policies.pipeline import main; main()", f"output_dir={out}", "budget=tiny",
+           "policy.max_steps=1"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "policy.max_steps=1" in res.stderr and "budget.policy.max_steps=" in res.stderr
+    assert not (out / "stages").exists()  # no stage ran
+    from omegaconf import OmegaConf
+
+    from policies.pipeline.flow import check_budget_overrides
+    cfg = OmegaConf.create({"budget": {"name": "tiny", "policy": {"max_steps": 150, "max_time_s": 35}}})
+    check_budget_overrides(cfg, ["budget.policy.max_steps=1", "policy.lr=0.1", "policy.base=null"])  # these are used
+    with pytest.raises(ValueError, match="budget.policy.max_time_s"):
+        check_budget_overrides(cfg, ["++policy.max_time_s=9"])

@@ -20,12 +20,13 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cv2
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from adaptation.images import RealFrames, RealFramesError, list_real_frames, load_real_frames
@@ -588,8 +589,30 @@ def task_consistency_stage(
             "policy": {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s")}}
 
 
+def check_budget_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Refuse a command-line ``policy.KEY=...`` that the budget also sets.
+
+    The budget's ``policy`` keys (``max_steps``, ``max_time_s``, ...) replace the policy
+    group's in the policy stage (:func:`_policy_stage`), so such an override would be dropped
+    without a word and the run would train as if it were not there.
+
+    Raises:
+        ValueError: naming the override and the ``budget.policy.KEY`` that works.
+    """
+    budget_keys = set((cfg.budget.get("policy") or {}).keys())
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key.startswith("policy.") and key.removeprefix("policy.") in budget_keys:
+            name = key.removeprefix("policy.")
+            raise ValueError(f"{override}: budget={cfg.budget.name} sets policy.{name} to "
+                             f"{cfg.budget.policy[name]}, and the budget's value is the one used; "
+                             f"write budget.policy.{name}=... instead")
+
+
 def _run(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if HydraConfig.initialized():
+        check_budget_overrides(cfg, HydraConfig.get().overrides.task)  # before any stage runs
     report = run_pipeline(cfg)
     print(f"artifact: {report['artifact']}")
     print(f"report:   {Path(str(cfg.output_dir)) / 'report.md'}  ({report['wall_s']:.0f} s)")
