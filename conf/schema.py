@@ -321,6 +321,7 @@ class PolicyConfig:
     cache: bool = MISSING
     translate_fraction: float = MISSING
     val_fraction: float = MISSING
+    keep_best_by: str | None = None
     max_steps: int = MISSING
     max_time_s: float | None = None
     val_every_n_steps: int = MISSING

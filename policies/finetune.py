@@ -457,8 +457,10 @@ def finetune(cfg: DictConfig) -> dict:
 
     policy = run["policy"]
     p_cfg = dict(run.get("policy_config") or {**run["config"]["policy"], **run["config"]["budget"]["policy"]})
+    # keep_best_by: null: the sim frames' held-out loss cannot judge what the cell's attempts
+    # taught; the check block on held-out attempts decides (and keeps the zero-shot artifact).
     p_cfg.update({"max_time_s": float(f.max_time_s), "max_steps": int(f.max_steps),
-                  "val_every_n_steps": int(f.val_every_n_steps), "base": None})
+                  "val_every_n_steps": int(f.val_every_n_steps), "base": None, "keep_best_by": None})
     if "optim" in f:
         p_cfg["optim"] = {**(p_cfg.get("optim") or {}), **OmegaConf.to_container(f.optim, resolve=True)}
     view = NetworkView.from_dict(json.loads((Path(run["artifact"]) / "metadata.json").read_text())["view"])

@@ -6,7 +6,9 @@ Writes into ``output_dir``: ``policy.ckpt`` (weights + the resolved config in it
 hyperparameters; ``GraspPolicyModule.load_from_checkpoint`` restores it), ``config.yaml``,
 ``checkpoints/last.ckpt`` (resume with ``ckpt_path=last``, as ``sim2real-adapt`` does), ``logs/version_N/metrics.csv``
 (``train/...``, ``val/...``; one version per run, so a resumed run keeps the earlier log), ``artifact/`` (``policy.onnx`` + ``metadata.json``, see :mod:`policies.export`)
-and ``train_summary.json`` (what :func:`train_policy` returns).
+and ``train_summary.json`` (what :func:`train_policy` returns). With ``policy.keep_best_by`` (the
+default) ``policy.ckpt`` and the artifact hold the weights with the lowest held-out metric, the
+start weights (the base) among them; ``checkpoints/last.ckpt`` holds the last ones, to resume.
 """
 
 from __future__ import annotations
@@ -118,6 +120,51 @@ def _float_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
+class KeepBest(pl.Callback):
+    """Remembers the weights with the lowest ``metric`` over every validation of a run.
+
+    Validating the start weights before ``fit`` (the base) puts them among the candidates, so
+    training that makes the held-out frames worse leaves the start in place: on a handful of
+    scenes (``budget=tiny``) the fine-tuned maps fit the training frames and lose on held-out
+    ones, and the base as it is grasped more in the validation cells
+    (docs/experiments/2026-12-08-the-policy-stage-keeps-its-best-weights.md). Its state (the
+    best weights included) travels in a checkpoint, so a resumed run still knows them.
+    """
+
+    def __init__(self, metric: str) -> None:
+        self.metric = str(metric)
+        self.best: dict[str, Any] | None = None  # {"step", "value", "metrics", "state"}
+        self.last: dict[str, Any] | None = None  # {"step", "value"}: the latest validation
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = _float_metrics(trainer.callback_metrics)
+        if self.metric not in metrics:
+            raise ValueError(f"policy.keep_best_by={self.metric!r} is not a validation metric; "
+                             f"one of: {', '.join(sorted(k for k in metrics if k.startswith('val/')))}")
+        value, step = metrics[self.metric], int(trainer.global_step)
+        self.last = {"step": step, "value": value}
+        if self.best is None or value < self.best["value"]:
+            self.best = {"step": step, "value": value, "metrics": {k: v for k, v in metrics.items() if k.startswith("val/")},
+                         "state": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "best": self.best, "last": self.last}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("metric") == self.metric:  # another metric: its values do not compare
+            self.best, self.last = state_dict.get("best"), state_dict.get("last")
+
+    def restore(self, module: pl.LightningModule) -> dict[str, Any]:
+        """Load the best weights into ``module`` when they are not the last; what was kept."""
+        assert self.best is not None and self.last is not None, "restore() before any validation"
+        if self.best["step"] != self.last["step"] or self.best["value"] != self.last["value"]:
+            module.load_state_dict(self.best["state"])
+        return {"by": self.metric, "step": self.best["step"], "value": self.best["value"],
+                "last_step": self.last["step"], "last_value": self.last["value"]}
+
+
 def train_policy(
     cfg: DictConfig | dict,
     dataset_dirs: Sequence[str | Path],
@@ -159,7 +206,9 @@ def train_policy(
     Returns:
         ``checkpoint``, ``artifact`` (or ``None``), ``config``, ``metrics`` (final ``val/...``,
         last ``train/...``), ``global_step``, ``train_time_s``, ``n_train_frames``,
-        ``n_val_frames``, ``view``, ``logs`` (the run's CSV log folder), ``device``.
+        ``n_val_frames``, ``view``, ``logs`` (the run's CSV log folder), ``device``, ``kept``
+        (with ``policy.keep_best_by``: the step and metric value of the weights saved and
+        exported, and the last validation's; ``None`` without it or without held-out frames).
     """
     full = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     pcfg = policy_config(full)
@@ -193,23 +242,34 @@ def train_policy(
 
     resume = resolve_ckpt_path(None if ckpt_path is None else str(ckpt_path), out)
     base_info = _start_weights(module, pcfg, init_from, resume)
-    trainer, tlog = _trainer(full, pcfg, out, resume, val_loader is not None, callbacks, fast_dev_run)
+    keep = (KeepBest(str(pcfg.keep_best_by)) if pcfg.get("keep_best_by") and val_loader is not None
+            and not fast_dev_run else None)
+    trainer, tlog = _trainer(full, pcfg, out, resume, val_loader is not None,
+                             [*callbacks, keep] if keep is not None else callbacks, fast_dev_run)
     t0 = time.perf_counter()
     try:
+        if keep is not None and resume is None:
+            trainer.validate(module, val_loader, verbose=False)  # the start weights are a candidate
         trainer.fit(module, train_loader, val_loader, ckpt_path=str(resume) if resume else None)
     except BaseException:
         tlog.finish(failed=True)
         raise
     train_time = time.perf_counter() - t0
     metrics = {k: v for k, v in _float_metrics(trainer.callback_metrics).items() if k.startswith("train/")}
+    kept = None
     if val_loader is not None:
         res = trainer.validate(module, val_loader, verbose=False)
         metrics.update(_float_metrics(res[0] if res else {}))
+        if keep is not None:
+            kept = keep.restore(module)
+            metrics.update(keep.best["metrics"])  # the val/ metrics of the weights saved
+            log.info("policy: kept the weights of step %d (%s %.4f; the last, step %d: %.4f)", kept["step"],
+                     kept["by"], kept["value"], kept["last_step"], kept["last_value"])
     summary = _save(trainer, module, full, out, {
         "metrics": metrics, "global_step": int(trainer.global_step), "train_time_s": train_time,
         "n_train_frames": len(train_ds), "n_val_frames": 0 if val_ds is None else len(val_ds),
         "view": view.to_dict(), "logs": str(getattr(trainer.logger, "log_dir", None) or "") or None,
-        "device": str(module.device), "adapted": translator is not None, "base": base_info,
+        "device": str(module.device), "adapted": translator is not None, "base": base_info, "kept": kept,
     })
     if export and trainer.is_global_zero:
         sample = next(iter(val_loader if val_loader is not None else train_loader))["image"][:2].numpy()
@@ -242,7 +302,7 @@ def _export(module: GraspPolicyModule, view: NetworkView, calib: Calibration, pc
         module.cpu(), view, calib, pcfg_dict, out / "artifact", sample_inputs=sample,
         geometry=geometry_export(pcfg_dict),
         training={k: summary[k] for k in ("metrics", "global_step", "train_time_s", "n_train_frames",
-                                          "n_val_frames", "adapted", "base")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
+                                          "n_val_frames", "adapted", "base", "kept")} | {"dataset_dirs": [str(d) for d in dataset_dirs]},
     )
 
 

@@ -323,7 +323,7 @@ def _policy_stage(run: _Run, sim_path: Path, sim_hash: str, translator: Any,
                                [str(sim_path)], d, translator=translator, seed=seed,
                                ckpt_path="last")
         return {k: summary[k] for k in ("artifact", "checkpoint", "metrics", "global_step", "train_time_s",
-                                        "n_train_frames", "n_val_frames", "adapted", "base")}
+                                        "n_train_frames", "n_val_frames", "adapted", "base", "kept")}
 
     _, policy_res, policy_hash = run.stages.run("policy", p_payload, make_policy)
     return p_cfg, policy_res, policy_hash

@@ -140,9 +140,27 @@ def write_report(report: dict, out: Path, sim_dataset: Path, real_dir: Path, tra
     md += ["", "![success](report_success.png)", "", "## Stages", "", "| stage | wall s | reused |", "|---|---|---|"]
     for k, v in report["stages"].items():
         md.append(f"| {k} | {v['wall_s']:.1f} | {v['reused']} |")
+    md += policy_section(report.get("policy") or {})
     md += adaptation_section(report.get("adapt") or {})
     md += ["", "## Frames", "", PANEL_CAPTION, "", "![panels](report_panels.png)", ""]
     atomic_write_text(out / "report.md", "\n".join(md))
+
+
+def policy_section(p: dict) -> list[str]:
+    """``report.md``'s policy part: the steps trained and which weights the artifact holds."""
+    if not p or p.get("global_step") is None:
+        return []
+    base = (p.get("base") or {}).get("name")
+    line = (f"{p['global_step']} steps in {format_number(p.get('train_time_s'), 0)} s on {p.get('n_train_frames')} "
+            f"frames{f', from the base `{base}`' if base else ''}.")
+    kept = p.get("kept")
+    if kept:
+        which = ("the start (the base as it is: training did not improve the held-out frames)"
+                 if kept["step"] == 0 and base else f"step {kept['step']}")
+        line += (f" The artifact holds the weights of {which}: `{kept['by']}` {format_number(kept['value'])} on "
+                 f"{p.get('n_val_frames')} held-out sim frames, against {format_number(kept['last_value'])} for the "
+                 f"last (step {kept['last_step']}).")
+    return ["", "## Policy", "", line]
 
 
 def adaptation_section(a: dict) -> list[str]:

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 
 from perception.core.draw import caption_image
-from policies.pipeline.report import _bar_plot, adaptation_section, eval_rows, verdict
+from policies.pipeline.report import _bar_plot, adaptation_section, eval_rows, policy_section, verdict
 
 
 def _dom(successes: int, attempts: int, reasons: dict | None = None) -> dict:
@@ -28,6 +28,19 @@ def test_grasps_and_silent_domains_are_counted():
     assert "3 of 14 attempts" in text and "every frame of target (too dark (2x))" in text
     text = "\n".join(verdict({"policy": {"randomized": _dom(0, 6)}}, "small"))
     assert "No grasp succeeded" in text and "6 attempts" in text and "budget=full" in text
+
+
+def test_the_report_says_which_weights_the_artifact_holds():
+    p = {"global_step": 76, "train_time_s": 35.7, "n_train_frames": 14, "n_val_frames": 2,
+         "base": {"name": "grasp_base_v1"},
+         "kept": {"by": "val/quality_loss", "step": 0, "value": 0.744, "last_step": 76, "last_value": 1.189}}
+    text = "\n".join(policy_section(p))
+    assert "76 steps in 36 s on 14 frames, from the base `grasp_base_v1`" in text
+    assert "the start (the base as it is" in text and "0.744 on 2 held-out sim frames, against 1.189" in text
+    text = "\n".join(policy_section({**p, "kept": {**p["kept"], "step": 60, "value": 0.5}}))
+    assert "weights of step 60" in text and "base as it is" not in text
+    assert "holds the weights" not in "\n".join(policy_section({**p, "kept": None}))
+    assert policy_section({}) == []
 
 
 def test_adaptation_scores_reach_the_report():

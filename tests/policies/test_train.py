@@ -129,6 +129,47 @@ def test_resume_continues_the_step_count(rendered, tmp_path):
         train_policy(_cfg(["policy.max_steps=6"]), [rendered], out, export=False, ckpt_path=cut)
 
 
+def _weights(path):
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_training_that_worsens_the_held_out_frames_keeps_the_start_weights(rendered, tmp_path):
+    start = train_policy(_cfg(["policy.max_steps=6"]), [rendered], tmp_path / "start", export=False)
+    # A learning rate that wrecks the network: every validation after the start is worse.
+    wrecked = train_policy(_cfg(["policy.max_steps=4", "policy.optim.lr=50.0", "policy.optim.warmup_steps=0"]),
+                           [rendered], tmp_path / "wrecked", init_from=start["checkpoint"])
+    kept = wrecked["kept"]
+    assert kept["by"] == "val/quality_loss" and kept["step"] == 0 and kept["last_step"] == 4
+    assert kept["value"] < kept["last_value"] and wrecked["metrics"]["val/quality_loss"] == kept["value"]
+    saved, first = _weights(tmp_path / "wrecked" / "policy.ckpt"), _weights(start["checkpoint"])
+    assert all(torch.equal(saved[k], first[k]) for k in first)  # policy.ckpt: the start, unchanged
+    last = _weights(tmp_path / "wrecked" / "checkpoints" / "last.ckpt")
+    assert not all(torch.equal(last[k], first[k]) for k in first)  # last.ckpt: where training got, to resume
+    meta = json.loads((tmp_path / "wrecked" / "artifact" / "metadata.json").read_text())
+    assert meta["training"]["kept"]["step"] == 0
+    # The artifact holds the start weights: its maps are the start's.
+    frame = np.random.default_rng(0).integers(0, 255, (120, 160, 3), np.uint8)
+    again = train_policy(_cfg(["policy.max_steps=4", "policy.optim.lr=50.0", "policy.optim.warmup_steps=0",
+                               "policy.keep_best_by=null"]), [rendered], tmp_path / "last", init_from=start["checkpoint"])
+    assert again["kept"] is None
+    wrecked_maps = PolicyRunner(tmp_path / "wrecked" / "artifact").infer(frame).quality
+    assert not np.allclose(wrecked_maps, PolicyRunner(tmp_path / "last" / "artifact").infer(frame).quality)
+
+
+def test_kept_weights_are_the_lowest_validation_and_a_bad_metric_is_named(rendered, tmp_path):
+    summary = train_policy(_cfg(["policy.max_steps=6"]), [rendered], tmp_path / "run", export=False)
+    import csv
+
+    rows = [r for r in csv.DictReader(open(next((tmp_path / "run" / "logs").rglob("metrics.csv"))))
+            if r.get("val/quality_loss")]
+    logged = {int(r["step"]): float(r["val/quality_loss"]) for r in rows}
+    assert 0 in logged and len(logged) >= 3  # the start, the validations, the end
+    assert summary["kept"]["value"] == pytest.approx(min(logged.values()), rel=1e-6)
+    with pytest.raises(ValueError, match="keep_best_by='val/nothing' is not a validation metric; one of: .*val/loss"):
+        train_policy(_cfg(["policy.max_steps=2", "policy.keep_best_by=val/nothing"]), [rendered], tmp_path / "bad",
+                     export=False)
+
+
 def test_adapted_training_uses_the_translator(rendered, tmp_path):
     calls = []
 
