@@ -157,10 +157,9 @@ class KeepBest(pl.Callback):
             self.best, self.last = state_dict.get("best"), state_dict.get("last")
 
     def restore(self, module: pl.LightningModule) -> dict[str, Any]:
-        """Load the best weights into ``module`` when they are not the last; what was kept."""
+        """Load the best weights into ``module`` (the last ones, when they are the best); what was kept."""
         assert self.best is not None and self.last is not None, "restore() before any validation"
-        if self.best["step"] != self.last["step"] or self.best["value"] != self.last["value"]:
-            module.load_state_dict(self.best["state"])
+        module.load_state_dict(self.best["state"])
         return {"by": self.metric, "step": self.best["step"], "value": self.best["value"],
                 "last_step": self.last["step"], "last_value": self.last["value"]}
 

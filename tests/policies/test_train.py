@@ -147,7 +147,7 @@ def test_training_that_worsens_the_held_out_frames_keeps_the_start_weights(rende
     assert not all(torch.equal(last[k], first[k]) for k in first)  # last.ckpt: where training got, to resume
     meta = json.loads((tmp_path / "wrecked" / "artifact" / "metadata.json").read_text())
     assert meta["training"]["kept"]["step"] == 0
-    # The artifact holds the start weights: its maps are the start's.
+    # The artifact is exported from the kept weights: its maps are not those of the last weights' artifact.
     frame = np.random.default_rng(0).integers(0, 255, (120, 160, 3), np.uint8)
     again = train_policy(_cfg(["policy.max_steps=4", "policy.optim.lr=50.0", "policy.optim.warmup_steps=0",
                                "policy.keep_best_by=null"]), [rendered], tmp_path / "last", init_from=start["checkpoint"])
